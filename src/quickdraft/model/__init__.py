@@ -1,0 +1,1 @@
+"""The native decoder runtime: configuration, transformer, KV cache, weights, tokenizer."""

@@ -1,0 +1,46 @@
+"""A preallocated key/value cache: one buffer per layer and a length pointer.
+
+Rollback is moving the pointer; slots past ``length`` may hold stale keys from rejected drafts
+or padding rows, and are overwritten by the next forward that writes there.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(
+        self,
+        n_layer: int,
+        n_kv_head: int,
+        head_dim: int,
+        capacity: int,
+        *,
+        batch: int = 1,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        shape = (batch, n_kv_head, capacity, head_dim)  # [batch, kv_heads, slots, head_dim]
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        self.capacity = capacity
+        self.length = 0  # committed tokens; slots [0, length) are valid
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+    def rollback(self, n: int) -> None:
+        """Forget the last ``n`` committed tokens, in O(1)."""
+        if not 0 <= n <= self.length:
+            raise ValueError(f"cannot roll back {n} tokens from a cache holding {self.length}")
+        self.length -= n
+
+    def set_length(self, length: int) -> None:
+        if not 0 <= length <= self.capacity:
+            raise ValueError(f"cache length {length} outside [0, {self.capacity}]")
+        self.length = length
+
+    def reset(self) -> None:
+        self.length = 0

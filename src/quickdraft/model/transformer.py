@@ -1,0 +1,235 @@
+"""The decoder: Llama family (Llama 2/3, Mistral, Qwen2) and GPT-2 in one small module.
+
+``forward(tokens, positions, cache)`` takes any number of new tokens, writes their keys and values
+into the cache at their positions, and returns logits. ``exit_layer=L`` runs layers < L only, then
+the final norm and LM head (self-speculation).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from quickdraft.model.config import ModelConfig
+from quickdraft.model.kv_cache import KVCache
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 like the reference implementations, then cast back.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def _make_norm(config: ModelConfig) -> nn.Module:
+    if config.is_gpt2:
+        return nn.LayerNorm(config.n_embd, eps=config.norm_eps)
+    return RMSNorm(config.n_embd, config.norm_eps)
+
+
+def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq.float()
+    kind = scaling.get("rope_type", scaling.get("type"))
+    factor = float(scaling["factor"])
+    if kind == "linear":
+        return (inv_freq / factor).float()
+    # llama3: long wavelengths are slowed by `factor`, short ones kept, a smooth ramp between.
+    low = float(scaling.get("low_freq_factor", 1.0))
+    high = float(scaling.get("high_freq_factor", 4.0))
+    original = float(scaling["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (original / wavelen - low) / (high - low)
+    scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    is_medium = (wavelen <= original / low) & (wavelen >= original / high)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    return torch.where(is_medium, blended, scaled).float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [batch, heads, T, head_dim]; cos/sin: [T, head_dim] (the rotate-half layout of HF weights)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        q_dim, kv_dim = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
+        self.qkv = nn.Linear(config.n_embd, q_dim + 2 * kv_dim, bias=config.qkv_bias or config.is_gpt2)
+        self.out = nn.Linear(q_dim, config.n_embd, bias=config.is_gpt2)
+        self.split = (q_dim, kv_dim, kv_dim)
+        self.use_rope = not config.is_gpt2
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        keys: torch.Tensor | None,
+        values: torch.Tensor | None,
+        slots: slice,
+        kv_len: int,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        batch, t, _ = x.shape
+        q, k, v = self.qkv(x).split(self.split, dim=-1)
+        q = q.view(batch, t, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(batch, t, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = v.view(batch, t, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        gqa = self.n_kv_head != self.n_head
+        if keys is None or values is None:  # training: no cache, plain causal attention
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:
+            keys[:, :, slots] = k
+            values[:, :, slots] = v
+            y = F.scaled_dot_product_attention(
+                q, keys[:, :, :kv_len], values[:, :, :kv_len], attn_mask=mask, enable_gqa=gqa
+            )
+        return self.out(y.transpose(1, 2).reshape(batch, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gated = not config.is_gpt2
+        hidden = config.intermediate_size
+        # The gated MLP keeps gate and up in one matrix: one matmul instead of two.
+        self.up = nn.Linear(config.n_embd, 2 * hidden if self.gated else hidden, bias=config.is_gpt2)
+        self.down = nn.Linear(hidden, config.n_embd, bias=config.is_gpt2)
+        self.gelu_approximate = "tanh" if config.activation == "gelu_tanh" else "none"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gated:
+            gate, up = self.up(x).chunk(2, dim=-1)
+            return self.down(F.silu(gate) * up)
+        return self.down(F.gelu(self.up(x), approximate=self.gelu_approximate))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = _make_norm(config)
+        self.attn = Attention(config)
+        self.mlp_norm = _make_norm(config)
+        self.mlp = MLP(config)
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.n_embd)
+        self.pos_embed = nn.Embedding(config.block_size, config.n_embd) if config.is_gpt2 else None
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.norm = _make_norm(config)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
+        c = self.config
+        return KVCache(c.n_layer, c.n_kv_head, c.head_dim, capacity, batch=batch, dtype=self.dtype, device=self.device)
+
+    def _rope(self, positions: torch.Tensor, length_needed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        table = self._rope_table
+        if table is None or table[0].shape[0] < length_needed:
+            size = max(length_needed, 256)
+            t = torch.arange(size, dtype=torch.float32, device=self.device)
+            freqs = torch.outer(t, self.inv_freq.to(self.device))
+            emb = torch.cat((freqs, freqs), dim=-1)
+            table = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
+            self._rope_table = table
+        return table[0][positions], table[1][positions]
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | int = 0,
+        cache: KVCache | None = None,
+        *,
+        exit_layer: int | None = None,
+        full_window: bool = False,
+    ) -> torch.Tensor:
+        """tokens: [batch, T] at consecutive positions from ``positions`` -> logits [batch, T, vocab].
+
+        Without a cache (training), attention is plain causal over ``tokens``. ``full_window``
+        attends over every slot of the cache (masked), so that every call has the same shapes
+        whatever the position: exact mode needs that for bit-identical rows.
+        """
+        return self.lm_head(self.norm(self.hidden_states(tokens, positions, cache, exit_layer=exit_layer,
+                                                         full_window=full_window)))
+
+    def hidden_states(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | int = 0,
+        cache: KVCache | None = None,
+        *,
+        exit_layer: int | None = None,
+        full_window: bool = False,
+        collect: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """The residual stream after ``exit_layer`` layers (all by default), before the final norm.
+
+        ``collect``, when given, receives the residual stream after every layer (early-exit training).
+        """
+        t = tokens.shape[1]
+        start = int(positions) if isinstance(positions, int) else int(positions[0])
+        end = start + t
+        pos = torch.arange(start, end, device=tokens.device)
+        keys = values = mask = None
+        kv_len = end
+        if cache is not None:
+            if end > cache.capacity:
+                raise ValueError(f"positions up to {end} exceed the KV cache capacity {cache.capacity}")
+            kv_len = cache.capacity if full_window else end
+            slots = torch.arange(kv_len, device=tokens.device)
+            mask = slots[None, :] <= pos[:, None]  # [T, kv_len]: True where a query may attend
+            window = self.config.sliding_window
+            if window is not None and end > window:
+                mask &= slots[None, :] > pos[:, None] - window
+        elif self.config.sliding_window is not None and end > self.config.sliding_window:
+            raise ValueError("training without a cache does not apply the sliding window; use shorter sequences")
+        n_layers = self.config.n_layer if exit_layer is None else exit_layer
+
+        x = self.embed(tokens)
+        rope = None
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(pos)
+        else:
+            rope = self._rope(pos, end)
+        for i in range(n_layers):
+            block = self.layers[i]
+            if cache is not None:
+                keys, values = cache.keys[i], cache.values[i]
+            x = x + block.attn(block.attn_norm(x), rope, keys, values, slice(start, end), kv_len, mask)
+            x = x + block.mlp(block.mlp_norm(x))
+            if collect is not None:
+                collect.append(x)
+        return x
