@@ -10,13 +10,13 @@ import torch
 ARCHITECTURES = ("llama", "llama3", "mistral", "qwen2", "gpt2")
 
 
-def hf_config(arch: str, vocab_size: int = 96, **overrides: Any):
+def hf_config(arch: str, vocab_size: int = 96, num_hidden_layers: int = 3, hidden_size: int = 64, **overrides: Any):
     import transformers
 
     common = dict(vocab_size=vocab_size, max_position_embeddings=512)
     llama_like = dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-        rms_norm_eps=1e-6, tie_word_embeddings=False, **common,
+        hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_hidden_layers,
+        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, tie_word_embeddings=False, **common,
     )
     if arch == "llama":
         cfg = transformers.LlamaConfig(**llama_like, rope_theta=10000.0)
@@ -32,7 +32,9 @@ def hf_config(arch: str, vocab_size: int = 96, **overrides: Any):
     elif arch == "qwen2":
         cfg = transformers.Qwen2Config(**{**llama_like, "tie_word_embeddings": True}, use_sliding_window=False)
     elif arch == "gpt2":
-        cfg = transformers.GPT2Config(vocab_size=vocab_size, n_positions=512, n_embd=64, n_layer=3, n_head=4)
+        cfg = transformers.GPT2Config(
+            vocab_size=vocab_size, n_positions=512, n_embd=hidden_size, n_layer=num_hidden_layers, n_head=4
+        )
     else:
         raise ValueError(arch)
     for key, value in overrides.items():

@@ -1,0 +1,64 @@
+"""The drafter protocol.
+
+The engine calls ``begin`` once per request, then per step ``propose(tokens, k, ...)`` with every
+committed token so far, then ``accept(n)`` with how many of the proposed tokens the target kept.
+A drafter returns the exact distribution q each token was drawn from, or ``q=None`` when it drew
+from a point mass (argmax drafts, prompt lookup).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from quickdraft.model.kv_cache import KVCache
+from quickdraft.model.transformer import Transformer
+from quickdraft.sampling import SamplingParams
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    q: torch.Tensor | None  # [len(tokens), vocab], or None for point masses
+    forward_calls: int = 0  # drafter forward passes spent on this proposal
+
+
+@dataclass
+class DraftContext:
+    """What a drafter may use from the request: the target (early exit shares its cache)."""
+
+    target: Transformer
+    target_cache: KVCache
+    capacity: int
+    vocab_limit: int
+
+
+class Drafter(ABC):
+    name: str = "drafter"
+
+    def begin(self, prompt_ids: list[int], context: DraftContext) -> None:
+        """Start a new request."""
+
+    @abstractmethod
+    def propose(
+        self,
+        tokens: list[int],
+        k: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        confidence_stop: float | None = None,
+    ) -> Draft:
+        """Up to k tokens to follow ``tokens`` (all committed tokens, prompt included).
+
+        ``confidence_stop``: stop early when the drafter's top probability falls below it.
+        """
+
+    def accept(self, n_accepted: int) -> None:
+        """The target kept the first ``n_accepted`` proposed tokens; forget the rest."""
+
+    @property
+    def relative_cost_hint(self) -> float:
+        """A prior for c = drafter step time / target step time, refined by measurement."""
+        return 0.1

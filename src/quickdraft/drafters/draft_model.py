@@ -1,0 +1,114 @@
+"""A separate small model sharing the target's vocabulary."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from quickdraft.drafters.base import Draft, DraftContext, Drafter
+from quickdraft.errors import VocabularyMismatchError
+from quickdraft.model.kv_cache import KVCache
+from quickdraft.model.loader import LoadedModel
+from quickdraft.model.tokenizer import Tokenizer
+from quickdraft.sampling import SamplingParams, probabilities, sample, top_probability
+
+log = logging.getLogger(__name__)
+
+
+def check_vocabulary_compatible(target: Tokenizer, draft: Tokenizer) -> None:
+    """Same tokens with the same ids, same special tokens; raise naming the first differences."""
+    t_vocab, d_vocab = target.vocab, draft.vocab
+    if t_vocab != d_vocab:
+        t_by_id = {i: tok for tok, i in t_vocab.items()}
+        d_by_id = {i: tok for tok, i in d_vocab.items()}
+        differing = [i for i in sorted(set(t_by_id) | set(d_by_id)) if t_by_id.get(i) != d_by_id.get(i)]
+        examples = ", ".join(f"id {i}: target {t_by_id.get(i)!r} vs draft {d_by_id.get(i)!r}" for i in differing[:3])
+        raise VocabularyMismatchError(
+            f"draft vocabulary ({len(d_vocab)} tokens) differs from the target's ({len(t_vocab)} tokens) "
+            f"at {len(differing)} ids, first: {examples}. A draft model must share the target's tokenizer; "
+            "use a draft from the same model family, or the early-exit / prompt-lookup drafters"
+        )
+    if target.special_tokens() != draft.special_tokens():
+        raise VocabularyMismatchError(
+            f"draft special tokens {draft.special_tokens()} differ from the target's {target.special_tokens()}"
+        )
+
+
+class DraftModelDrafter(Drafter):
+    name = "draft-model"
+
+    def __init__(self, draft: LoadedModel) -> None:
+        self.draft = draft
+        self.model = draft.model
+        self.cache: KVCache | None = None
+        self.vocab_limit = draft.config.vocab_size
+        self._base = 0  # committed tokens in the cache after the last proposal's pending tokens
+        self._fed = 0  # proposed tokens fed into the cache during the last proposal
+
+    def check_compatible(self, target: LoadedModel) -> None:
+        if target.tokenizer is not None and self.draft.tokenizer is not None:
+            check_vocabulary_compatible(target.tokenizer, self.draft.tokenizer)
+        elif self.draft.config.vocab_size < target.config.vocab_size and target.tokenizer is None:
+            raise VocabularyMismatchError(
+                f"draft vocabulary ({self.draft.config.vocab_size}) is smaller than the target's "
+                f"({target.config.vocab_size}) and there is no tokenizer to compare"
+            )
+        if self.draft.n_params >= target.n_params:
+            log.warning(
+                "the draft model (%d parameters) is not smaller than the target (%d): speculation will be slower",
+                self.draft.n_params, target.n_params,
+            )
+
+    def begin(self, prompt_ids: list[int], context: DraftContext) -> None:
+        if self.cache is None or self.cache.capacity < context.capacity:
+            self.cache = self.model.new_cache(context.capacity)
+        self.cache.reset()
+        self.vocab_limit = context.vocab_limit
+
+    def _forward(self, tokens: list[int]) -> torch.Tensor:
+        assert self.cache is not None
+        x = torch.tensor([tokens], device=self.model.device)
+        logits = self.model(x, self.cache.length, self.cache)[0, -1, : self.vocab_limit]
+        self.cache.length += len(tokens)
+        return logits
+
+    @torch.inference_mode()
+    def propose(
+        self,
+        tokens: list[int],
+        k: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        confidence_stop: float | None = None,
+    ) -> Draft:
+        assert self.cache is not None, "begin() first"
+        logits = self._forward(tokens[self.cache.length :])
+        calls = 1
+        self._base, self._fed = len(tokens), 0
+        drafted: list[int] = []
+        qs: list[torch.Tensor] = []
+        for i in range(k):
+            if i > 0 and confidence_stop is not None and top_probability(logits) < confidence_stop:
+                break
+            if sampling.greedy:
+                x = int(logits.argmax())
+            else:
+                q = probabilities(logits, sampling)
+                x = sample(q, generator)
+                qs.append(q)
+            drafted.append(x)
+            if i < k - 1:
+                logits = self._forward([x])
+                calls += 1
+                self._fed += 1
+        q_all = torch.stack(qs) if qs else None
+        return Draft(drafted, q_all, calls)
+
+    def accept(self, n_accepted: int) -> None:
+        assert self.cache is not None
+        self.cache.length = self._base + min(n_accepted, self._fed)
+
+    @property
+    def relative_cost_hint(self) -> float:
+        return 0.1

@@ -1,0 +1,74 @@
+"""Self-speculation: the target's first L layers + its final norm and LM head draft, writing
+into the target's own KV cache for those layers (no second cache). Verification recomputes all
+layers for the drafted positions and overwrites those slots."""
+
+from __future__ import annotations
+
+import torch
+
+from quickdraft.drafters.base import Draft, DraftContext, Drafter
+from quickdraft.errors import QuickdraftError
+from quickdraft.model.kv_cache import KVCache
+from quickdraft.model.transformer import Transformer
+from quickdraft.sampling import SamplingParams, probabilities, sample, top_probability
+
+
+def check_exit_layer(exit_layer: int, n_layer: int) -> None:
+    if not 1 <= exit_layer <= n_layer - 1:
+        raise QuickdraftError(f"early-exit layer {exit_layer} is outside 1..{n_layer - 1} for a {n_layer}-layer target")
+
+
+class EarlyExitDrafter(Drafter):
+    name = "early-exit"
+
+    def __init__(self, exit_layer: int, n_layer: int) -> None:
+        check_exit_layer(exit_layer, n_layer)
+        self.exit_layer, self.n_layer = exit_layer, n_layer
+        self.target: Transformer | None = None
+        self.cache: KVCache | None = None
+        self.vocab_limit = 0
+
+    def begin(self, prompt_ids: list[int], context: DraftContext) -> None:
+        self.target, self.cache, self.vocab_limit = context.target, context.target_cache, context.vocab_limit
+
+    def _forward(self, tokens: list[int], start: int) -> torch.Tensor:
+        assert self.target is not None and self.cache is not None
+        x = torch.tensor([tokens], device=self.target.device)
+        return self.target(x, start, self.cache, exit_layer=self.exit_layer)[0, -1, : self.vocab_limit]
+
+    @torch.inference_mode()
+    def propose(
+        self,
+        tokens: list[int],
+        k: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        confidence_stop: float | None = None,
+    ) -> Draft:
+        assert self.cache is not None
+        # The target cache holds every committed token but the last; draft slots past it are scratch.
+        position = self.cache.length
+        logits = self._forward(tokens[position:], position)
+        position = len(tokens)
+        calls = 1
+        drafted: list[int] = []
+        qs: list[torch.Tensor] = []
+        for i in range(k):
+            if i > 0 and confidence_stop is not None and top_probability(logits) < confidence_stop:
+                break
+            if sampling.greedy:
+                x = int(logits.argmax())
+            else:
+                q = probabilities(logits, sampling)
+                x = sample(q, generator)
+                qs.append(q)
+            drafted.append(x)
+            if i < k - 1:
+                logits = self._forward([x], position)
+                position += 1
+                calls += 1
+        return Draft(drafted, torch.stack(qs) if qs else None, calls)
+
+    @property
+    def relative_cost_hint(self) -> float:
+        return self.exit_layer / self.n_layer

@@ -1,0 +1,60 @@
+"""Turn a user's drafter spec into a Drafter: a path or hub id (draft model), "early-exit[:L]",
+"prompt-lookup[:n]", a LoadedModel, or a Drafter instance."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from quickdraft.drafters.base import Drafter
+from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.early_exit import EarlyExitDrafter
+from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
+from quickdraft.errors import QuickdraftError
+from quickdraft.model.loader import LoadedModel, load_model
+
+EARLY_EXIT_CONFIG_KEY = "quickdraft_early_exit_layer"
+
+
+def _parse_int(spec: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise QuickdraftError(f"drafter {spec!r}: {value!r} is not an integer") from None
+
+
+def default_exit_layer(target: LoadedModel) -> int:
+    """The exit layer recorded by training (config.json), else a quarter of the layers."""
+    config_path = target.path / "config.json"
+    if config_path.exists():
+        recorded = json.loads(config_path.read_text()).get(EARLY_EXIT_CONFIG_KEY)
+        if recorded:
+            return int(recorded)
+    return max(1, target.config.n_layer // 4)
+
+
+def make_drafter(
+    spec: str | Path | Drafter | LoadedModel | None,
+    target: LoadedModel,
+    *,
+    dtype: str | torch.dtype = "fp32",
+    device: str = "cpu",
+) -> Drafter | None:
+    if spec is None or isinstance(spec, Drafter):
+        return spec
+    if isinstance(spec, LoadedModel):
+        drafter = DraftModelDrafter(spec)
+        drafter.check_compatible(target)
+        return drafter
+    text = str(spec)
+    name, _, arg = text.partition(":")
+    if name == "early-exit":
+        layer = _parse_int(text, arg) if arg else default_exit_layer(target)
+        return EarlyExitDrafter(layer, target.config.n_layer)
+    if name == "prompt-lookup":
+        return PromptLookupDrafter(max_ngram=_parse_int(text, arg)) if arg else PromptLookupDrafter()
+    drafter = DraftModelDrafter(load_model(spec, dtype=dtype, device=device))
+    drafter.check_compatible(target)
+    return drafter

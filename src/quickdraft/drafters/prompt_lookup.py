@@ -1,0 +1,53 @@
+"""Prompt lookup: copy what followed the most recent earlier occurrence of the context's last
+n-gram (longest n first). No model at all; drafts are point masses."""
+
+from __future__ import annotations
+
+import torch
+
+from quickdraft.drafters.base import Draft, DraftContext, Drafter
+from quickdraft.errors import QuickdraftError
+from quickdraft.sampling import SamplingParams
+
+
+class PromptLookupDrafter(Drafter):
+    name = "prompt-lookup"
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise QuickdraftError(f"prompt lookup needs 1 <= min n-gram ({min_ngram}) <= max n-gram ({max_ngram})")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self._index: dict[int, dict[tuple[int, ...], int]] = {}
+        self._indexed = 0  # n-grams starting before this position are in the index
+
+    def begin(self, prompt_ids: list[int], context: DraftContext) -> None:
+        self._index = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
+        self._indexed = 0
+
+    def _update_index(self, tokens: list[int]) -> None:
+        # An n-gram enters the index once a token follows it, so the context's own suffix is never
+        # matched with itself; later occurrences overwrite earlier ones (most recent wins).
+        for start in range(self._indexed, len(tokens)):
+            for n, table in self._index.items():
+                if start + n < len(tokens):
+                    table[tuple(tokens[start : start + n])] = start
+        self._indexed = max(self._indexed, len(tokens) - self.max_ngram)
+
+    def propose(
+        self,
+        tokens: list[int],
+        k: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        confidence_stop: float | None = None,
+    ) -> Draft:
+        self._update_index(tokens)
+        for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
+            start = self._index[n].get(tuple(tokens[-n:]))
+            if start is not None:
+                return Draft(tokens[start + n : start + n + k], None)
+        return Draft([], None)
+
+    @property
+    def relative_cost_hint(self) -> float:
+        return 0.0

@@ -1,0 +1,312 @@
+"""The decode loop: prefill, propose, verify, commit, adaptive γ, statistics."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from quickdraft.drafters.base import Draft, DraftContext, Drafter
+from quickdraft.drafters.factory import make_drafter
+from quickdraft.errors import ContextLengthError, QuickdraftError
+from quickdraft.exact import exact_row_bucket
+from quickdraft.model.kv_cache import KVCache
+from quickdraft.model.loader import LoadedModel, load_model
+from quickdraft.sampling import GREEDY, SamplingParams, probabilities
+from quickdraft.stats import GenerationStats
+from quickdraft.text_stream import TextStream
+from quickdraft.verify import verify_greedy, verify_sampling
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_GAMMA = 8
+CACHE_ROUNDING = 64
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    text: str
+    stats: GenerationStats
+    finish_reason: str  # "stop" (EOS or stop string), "length", or "cancelled"
+    prompt_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class StreamEvent:
+    text: str  # the new text since the previous event
+    token_ids: list[int]  # the new tokens since the previous event
+    result: GenerationResult | None = None  # set on the last event
+
+
+class GammaController:
+    """Fixed γ, or "auto": maximise expected tokens per unit time,
+    E[tokens]/cost = (1 − α^(γ+1)) / ((1 − α)(γc + 1)), from running estimates of α and c."""
+
+    def __init__(self, gamma: int | str, max_gamma: int, cost_hint: float) -> None:
+        self.auto = gamma == "auto"
+        if not self.auto:
+            if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 0:
+                raise QuickdraftError(f"gamma must be an integer >= 1 or 'auto' (0 = plain decoding), got {gamma!r}")
+            if gamma > max_gamma:
+                raise QuickdraftError(f"gamma {gamma} exceeds this engine's max_gamma {max_gamma}")
+        self.fixed = 0 if self.auto else int(gamma)
+        self.max_gamma = max_gamma
+        # Beta(2, 1)-like prior on α; decayed counts so the estimate follows the text.
+        self.accepts, self.rejects = 2.0, 1.0
+        self.cost = cost_hint
+        self.decay = 0.9
+
+    def next_gamma(self) -> int:
+        if not self.auto:
+            return self.fixed
+        alpha = self.accepts / (self.accepts + self.rejects)
+        return best_gamma(alpha, self.cost, self.max_gamma)
+
+    def observe(self, drafted: int, accepted: int, drafter_seconds_per_call: float | None,
+                target_seconds: float | None) -> None:
+        if drafted:
+            self.accepts = self.decay * self.accepts + accepted
+            self.rejects = self.decay * self.rejects + (1 if accepted < drafted else 0)
+        if drafter_seconds_per_call is not None and target_seconds:
+            measured = drafter_seconds_per_call / target_seconds
+            self.cost = 0.8 * self.cost + 0.2 * measured
+
+
+def expected_speedup(alpha: float, gamma: int, cost: float) -> float:
+    """Leviathan et al.'s bound: (1 − α^(γ+1)) / ((1 − α)(γc + 1))."""
+    tokens = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return tokens / (gamma * cost + 1)
+
+
+def best_gamma(alpha: float, cost: float, max_gamma: int) -> int:
+    return max(range(1, max_gamma + 1), key=lambda g: expected_speedup(alpha, g, cost))
+
+
+class Engine:
+    """quickdraft's public entry point.
+
+    >>> engine = Engine("path/to/target", drafter="path/to/draft")      # doctest: +SKIP
+    >>> engine.generate("def fib(n):", max_new_tokens=64).text          # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        target: str | Path | LoadedModel,
+        drafter: str | Path | Drafter | LoadedModel | None = None,
+        *,
+        exact: bool = True,
+        dtype: str | torch.dtype = "fp32",
+        device: str = "cpu",
+        max_gamma: int = DEFAULT_MAX_GAMMA,
+        context_length: int | None = None,
+        confidence_stop: float = 0.3,
+    ) -> None:
+        if not isinstance(max_gamma, int) or max_gamma < 1:
+            raise QuickdraftError(f"max_gamma must be an integer >= 1, got {max_gamma!r}")
+        self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype=dtype, device=device)
+        self.model = self.target.model
+        self.tokenizer = self.target.tokenizer
+        self.device = self.model.device
+        self.max_gamma = max_gamma
+        self.confidence_stop = confidence_stop
+        block = self.target.config.block_size
+        if context_length is not None and not 1 < context_length <= block:
+            raise ContextLengthError(f"context_length {context_length} must be in 2..{block} (the model's maximum)")
+        self.context_length = context_length or block
+        self.vocab_limit = self.target.config.vocab_size
+        if self.tokenizer is not None:
+            self.vocab_limit = min(self.vocab_limit, self.tokenizer.vocab_size)
+        self.drafter = make_drafter(drafter, self.target, dtype=dtype, device=device)
+        self.exact_rows: int | None = None
+        if exact:
+            self.exact_rows = exact_row_bucket(self.model, max_gamma + 1)
+            if self.exact_rows is None:
+                log.warning("no row count up to 64 gives row-invariant kernels on this platform; exact mode is off")
+        self.eos_token_ids = frozenset(self.target.eos_token_ids)
+
+    @property
+    def exact(self) -> bool:
+        return self.exact_rows is not None
+
+    # ---- input handling ---------------------------------------------------------------------
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise QuickdraftError("this model has no tokenizer.json: pass the prompt as a list of token ids")
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = [int(t) for t in prompt]
+            bad = [t for t in ids if not 0 <= t < self.vocab_limit]
+            if bad:
+                raise QuickdraftError(f"token id {bad[0]} is outside the vocabulary 0..{self.vocab_limit - 1}")
+        if not ids:
+            raise QuickdraftError("the prompt is empty: give at least one token")
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(ids)
+
+    def _check_lengths(self, n_prompt: int, max_new_tokens: int) -> None:
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise QuickdraftError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        if n_prompt >= self.context_length:
+            raise ContextLengthError(
+                f"the prompt has {n_prompt} tokens, but the context holds {self.context_length}: shorten the prompt"
+            )
+        if n_prompt + max_new_tokens > self.context_length:
+            raise ContextLengthError(
+                f"prompt ({n_prompt} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context "
+                f"({self.context_length}); lower max_new_tokens to at most {self.context_length - n_prompt}"
+            )
+
+    # ---- generation -------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        max_new_tokens: int = 128,
+        sampling: SamplingParams | None = None,
+        gamma: int | str = 4,
+        stop: Sequence[str] = (),
+    ) -> GenerationResult:
+        """Generate; ``gamma=0`` (or an engine without a drafter) decodes plainly."""
+        result = None
+        for event in self.stream(prompt, max_new_tokens, sampling, gamma, stop):
+            result = event.result
+        assert result is not None
+        return result
+
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        max_new_tokens: int = 128,
+        sampling: SamplingParams | None = None,
+        gamma: int | str = 4,
+        stop: Sequence[str] = (),
+        cancelled: callable | None = None,
+    ) -> Iterator[StreamEvent]:
+        """Yield text deltas as tokens are committed; the last event carries the result."""
+        sampling = sampling or GREEDY
+        if isinstance(stop, str):
+            stop = [stop]
+        prompt_ids = self.encode(prompt)
+        self._check_lengths(len(prompt_ids), max_new_tokens)
+        drafter = self.drafter if gamma != 0 else None
+        controller = GammaController(gamma, self.max_gamma, drafter.relative_cost_hint if drafter else 0.0)
+        text = TextStream(self.decode, stop)
+        stats = GenerationStats(prompt_tokens=len(prompt_ids), exact=self.exact, exact_rows=self.exact_rows,
+                                drafter=drafter.name if drafter else None)
+        generated: list[int] = []
+        finish_reason = "length"
+        for new_ids in self._decode_loop(prompt_ids, max_new_tokens, sampling, drafter, controller, stats):
+            keep = len(new_ids)
+            for i, token in enumerate(new_ids):
+                if token in self.eos_token_ids:
+                    keep, finish_reason = i + 1, "stop"
+                    break
+            keep = min(keep, max_new_tokens - len(generated))
+            delta, keep = text.add(new_ids[:keep])
+            if text.stopped:
+                finish_reason = "stop"
+            committed = new_ids[:keep]
+            generated.extend(committed)
+            if committed or delta:
+                yield StreamEvent(delta, committed)
+            if finish_reason == "stop" or len(generated) >= max_new_tokens:
+                break
+            if cancelled is not None and cancelled():
+                finish_reason = "cancelled"
+                break
+        stats.generated_tokens = len(generated)
+        tail = text.finish()
+        result = GenerationResult(generated, text.text, stats, finish_reason, prompt_ids)
+        yield StreamEvent(tail, [], result)
+
+    @torch.inference_mode()
+    def _decode_loop(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        sampling: SamplingParams,
+        drafter: Drafter | None,
+        controller: GammaController,
+        stats: GenerationStats,
+    ) -> Iterator[list[int]]:
+        """Yields the tokens committed at each step. Invariant: after each step the target cache
+        holds every committed token but the last (which the next forward feeds)."""
+        rows = self.exact_rows or 0
+        capacity = _round_up(len(prompt_ids) + max_new_tokens + max(rows, self.max_gamma + 1), CACHE_ROUNDING)
+        cache = self.model.new_cache(capacity)
+        seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
+        generator = torch.Generator().manual_seed(seed)
+        if drafter is not None:
+            drafter.begin(prompt_ids, DraftContext(self.model, cache, capacity, self.vocab_limit))
+
+        # Prefill every prompt token but the last; the first step feeds the last one together with
+        # a draft, so even the first generated token can come from an accepted draft.
+        start = time.perf_counter()
+        if len(prompt_ids) > 1:
+            self._target_forward(prompt_ids[:-1], cache, pad_to=0)
+        cache.set_length(len(prompt_ids) - 1)
+        tokens = list(prompt_ids)
+        stats.prefill_seconds = time.perf_counter() - start
+
+        decode_start = time.perf_counter()
+        generated = 0
+        confidence_stop = self.confidence_stop if controller.auto else None
+        while generated < max_new_tokens:
+            k = min(controller.next_gamma(), max_new_tokens - generated - 1) if drafter is not None else 0
+            draft = Draft([], None)
+            drafter_seconds = None
+            if k > 0:
+                t0 = time.perf_counter()
+                draft = drafter.propose(tokens, k, sampling, generator, confidence_stop)
+                elapsed = time.perf_counter() - t0
+                stats.drafter_seconds += elapsed
+                stats.drafter_calls += draft.forward_calls
+                drafter_seconds = elapsed / draft.forward_calls if draft.forward_calls else None
+            t0 = time.perf_counter()
+            logits = self._target_forward([tokens[-1], *draft.tokens], cache, pad_to=rows)
+            if sampling.greedy:
+                n, nxt = verify_greedy(draft.tokens, logits.argmax(-1).tolist())
+            else:
+                p = probabilities(logits, sampling)
+                n, nxt = verify_sampling(draft.tokens, draft.q, p, generator)
+            target_seconds = time.perf_counter() - t0
+            stats.target_seconds += target_seconds
+            new = [*draft.tokens[:n], nxt]
+            tokens.extend(new)
+            cache.set_length(len(tokens) - 1)
+            if drafter is not None and k > 0:
+                drafter.accept(n)
+            stats.record_step(len(draft.tokens), n)
+            controller.observe(len(draft.tokens), n, drafter_seconds, target_seconds)
+            generated += len(new)
+            stats.decode_seconds = time.perf_counter() - decode_start
+            yield new
+
+    def _target_forward(self, tokens: list[int], cache: KVCache, *, pad_to: int) -> torch.Tensor:
+        """Feed ``tokens`` at the cache's length -> logits [len(tokens), vocab_limit].
+
+        ``pad_to`` > 0 (exact mode): pad to that many rows and attend over the whole cache, so
+        every call has the same shapes; padding rows write scratch slots past the committed length.
+        """
+        n = len(tokens)
+        padded = tokens + [0] * (pad_to - n) if pad_to else tokens
+        if pad_to and n > pad_to:
+            raise AssertionError(f"{n} rows exceed the exact-mode bucket {pad_to}")
+        x = torch.tensor([padded], device=self.device)
+        logits = self.model(x, cache.length, cache, full_window=bool(pad_to))
+        return logits[0, :n, : self.vocab_limit]
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return int(math.ceil(n / multiple) * multiple)

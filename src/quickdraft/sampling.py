@@ -1,0 +1,78 @@
+"""SamplingParams and the ONE logits -> probabilities function, used for the target's p and the
+drafter's q alike (same temperature, top-k and top-p), so that rejection sampling stays exact."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from quickdraft.errors import SamplingParamsError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 means greedy (argmax), not "a very small temperature"
+    top_k: int = 0  # 0 keeps every token
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise SamplingParamsError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise SamplingParamsError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise SamplingParamsError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
+            raise SamplingParamsError(f"seed must be an integer >= 0, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+GREEDY = SamplingParams()
+
+
+def mask_padded_vocab(logits: torch.Tensor, vocab_limit: int | None) -> torch.Tensor:
+    """Rows of an embedding padded beyond the tokenizer (e.g. 152064 vs 151936) never win."""
+    if vocab_limit is None or vocab_limit >= logits.shape[-1]:
+        return logits
+    logits = logits.clone()
+    logits[..., vocab_limit:] = float("-inf")
+    return logits
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams, vocab_limit: int | None = None) -> torch.Tensor:
+    """logits [..., vocab] -> probabilities [..., vocab] in fp32, after temperature, top-k, top-p.
+
+    Greedy params give the point mass on the argmax.
+    """
+    logits = mask_padded_vocab(logits.float(), vocab_limit)
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p: a token goes when the mass before it does.
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        sorted_probs = sorted_probs.masked_fill(mass_before >= params.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token from a probability vector [vocab]."""
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def top_probability(logits: torch.Tensor) -> float:
+    """The largest probability of softmax(logits): the drafter's confidence in its next token."""
+    return float(torch.softmax(logits.float(), dim=-1).max())

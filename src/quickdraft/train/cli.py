@@ -1,0 +1,222 @@
+"""``quickdraft train``: corpus | tokenizer | target | draft | eval | install | all.
+
+Every step reads and writes plain directories, so each can be rerun or resumed on its own:
+
+    quickdraft train corpus     --out data/corpus
+    quickdraft train tokenizer  --corpus data/corpus --out data/tokenizer
+    quickdraft train target     --data data/corpus --tokenizer data/tokenizer --out runs/target --max-minutes 78
+    quickdraft train draft      --data data/corpus --target runs/target/final --out runs/draft --max-minutes 30
+    quickdraft train eval       --target runs/target/final --draft runs/draft/final --data data/corpus
+    quickdraft train install    --target runs/target/final --draft runs/draft/final
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
+SHIPPED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+
+def _add_loop_flags(p: argparse.ArgumentParser, *, batch_size: int, lr: float, max_steps: int) -> None:
+    p.add_argument("--data", type=Path, default=Path("data/corpus"), help="corpus dir with train.bin/val.bin")
+    p.add_argument("--out", type=Path, required=True, help="run dir: checkpoint, history, final/ model")
+    p.add_argument("--batch-size", type=int, default=batch_size)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--warmup-steps", type=int, default=50)
+    p.add_argument("--max-steps", type=int, default=max_steps)
+    p.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget; the schedule anneals to it")
+    p.add_argument("--checkpoint-minutes", type=float, default=5.0)
+    p.add_argument("--eval-batches", type=int, default=8)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt exactly")
+
+
+def _train_args(ns: argparse.Namespace):  # noqa: ANN202 - TrainArgs, imported lazily (torch)
+    from quickdraft.train.common import TrainArgs
+
+    return TrainArgs(
+        out_dir=ns.out, data_dir=ns.data, batch_size=ns.batch_size, seq_len=ns.seq_len, lr=ns.lr,
+        warmup_steps=ns.warmup_steps, max_steps=ns.max_steps, max_minutes=ns.max_minutes,
+        checkpoint_minutes=ns.checkpoint_minutes, eval_batches=ns.eval_batches, seed=ns.seed, threads=ns.threads,
+        resume=ns.resume,
+    )
+
+
+def _cmd_corpus(ns: argparse.Namespace) -> int:
+    from quickdraft.train.corpus import build_corpus
+
+    manifest = build_corpus(ns.out, ns.root, limit_files=ns.limit_files)
+    print(json.dumps({k: v for k, v in manifest.items() if k != "val_paths"}, indent=2))
+    return 0
+
+
+def _cmd_tokenizer(ns: argparse.Namespace) -> int:
+    from quickdraft.train.tokenizer_train import build_tokenizer
+
+    print(json.dumps(build_tokenizer(ns.corpus, ns.out, ns.vocab_size), indent=2))
+    return 0
+
+
+def _cmd_target(ns: argparse.Namespace) -> int:
+    from quickdraft.train.pretrain import TargetShape, train_target
+
+    shape = TargetShape(n_embd=ns.n_embd, n_layer=ns.n_layer, n_head=ns.n_head, n_kv_head=ns.n_kv_head,
+                        head_dim=ns.head_dim, intermediate_size=ns.intermediate_size, block_size=ns.block_size)
+    exit_layer = ns.exit_layer if ns.exit_layer > 0 else None
+    summary = train_target(_train_args(ns), shape, ns.tokenizer, exit_layer=exit_layer, exit_weight=ns.exit_weight)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _cmd_draft(ns: argparse.Namespace) -> int:
+    from quickdraft.train.distill import DraftShape, train_draft
+
+    shape = DraftShape(n_embd=ns.n_embd, n_layer=ns.n_layer, n_head=ns.n_head, n_kv_head=ns.n_kv_head,
+                       head_dim=ns.head_dim, intermediate_size=ns.intermediate_size)
+    summary = train_draft(_train_args(ns), shape, ns.target, generated_fraction=ns.generated_fraction,
+                          n_generations=ns.generations)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _cmd_eval(ns: argparse.Namespace) -> int:
+    from quickdraft.train.evaluate import evaluate_pair
+
+    report = evaluate_pair(ns.target, ns.draft, ns.data, n_prompts=ns.prompts, n_new=ns.new_tokens, gamma=ns.gamma,
+                           prompts_out=ns.prompts_out, report_out=ns.report, threads=ns.threads)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def _cmd_install(ns: argparse.Namespace) -> int:
+    for name, source in (("target", ns.target), ("draft", ns.draft)):
+        dest = ns.dest / name
+        dest.mkdir(parents=True, exist_ok=True)
+        for file in SHIPPED_FILES:
+            if not (source / file).exists():
+                print(f"error: {source / file} is missing; train and export the {name} first", file=sys.stderr)
+                return 1
+            shutil.copyfile(source / file, dest / file)
+    print(f"installed target and draft into {ns.dest}")
+    return 0
+
+
+def _cmd_all(ns: argparse.Namespace) -> int:
+    """The whole pipeline with default settings (about two hours on two CPU cores)."""
+    from quickdraft.train.common import TrainArgs
+    from quickdraft.train.corpus import build_corpus
+    from quickdraft.train.distill import DraftShape, train_draft
+    from quickdraft.train.evaluate import evaluate_pair
+    from quickdraft.train.pretrain import TargetShape, train_target
+    from quickdraft.train.tokenizer_train import build_tokenizer
+
+    corpus, tokenizer, runs = ns.work / "data" / "corpus", ns.work / "data" / "tokenizer", ns.work / "runs"
+    build_corpus(corpus)
+    build_tokenizer(corpus, tokenizer)
+    train_target(TrainArgs(out_dir=runs / "target", data_dir=corpus, lr=1.5e-3, max_steps=1600,
+                           max_minutes=ns.target_minutes, threads=ns.threads, resume=ns.resume),
+                 TargetShape(n_layer=6), tokenizer, exit_layer=2, exit_weight=0.3)
+    train_draft(TrainArgs(out_dir=runs / "draft", data_dir=corpus, lr=3e-3, max_steps=3000,
+                          max_minutes=ns.draft_minutes, threads=ns.threads, resume=ns.resume),
+                DraftShape(), runs / "target" / "final")
+    report = evaluate_pair(runs / "target" / "final", runs / "draft" / "final", corpus, threads=ns.threads,
+                           report_out=runs / "eval.json")
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``train`` and its subcommands on the main CLI's subparsers."""
+    train = subparsers.add_parser("train", help="train the embedded model pair offline (corpus → tokenizer → "
+                                  "target → draft → eval)", description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = train.add_subparsers(dest="train_command", metavar="{corpus,tokenizer,target,draft,eval,install,all}")
+    train.set_defaults(func=lambda ns: (train.print_help(), 2)[1])
+
+    p = sub.add_parser("corpus", help="collect the Python standard library source into train/val JSONL")
+    p.add_argument("--out", type=Path, default=Path("data/corpus"))
+    p.add_argument("--root", type=Path, default=None, help="default: this interpreter's stdlib (sysconfig)")
+    p.add_argument("--limit-files", type=int, default=None, help="first N files only (smoke tests)")
+    p.set_defaults(func=_cmd_corpus)
+
+    p = sub.add_parser("tokenizer", help="train the byte-level BPE tokenizer and tokenize the corpus")
+    p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
+    p.add_argument("--out", type=Path, default=Path("data/tokenizer"))
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.set_defaults(func=_cmd_tokenizer)
+
+    p = sub.add_parser("target", help="pretrain the target (Llama) with an early-exit loss")
+    _add_loop_flags(p, batch_size=16, lr=1.5e-3, max_steps=1600)
+    p.add_argument("--tokenizer", type=Path, default=Path("data/tokenizer"))
+    p.add_argument("--n-embd", type=int, default=384)
+    p.add_argument("--n-layer", type=int, default=6)
+    p.add_argument("--n-head", type=int, default=6)
+    p.add_argument("--n-kv-head", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--intermediate-size", type=int, default=1024)
+    p.add_argument("--block-size", type=int, default=1024)
+    p.add_argument("--exit-layer", type=int, default=2, help="early-exit layer L (0: no early-exit loss)")
+    p.add_argument("--exit-weight", type=float, default=0.3)
+    p.set_defaults(func=_cmd_target)
+
+    p = sub.add_parser("draft", help="distil the draft from the target (KL on corpus + target generations)")
+    _add_loop_flags(p, batch_size=16, lr=3e-3, max_steps=3000)
+    p.add_argument("--target", type=Path, default=Path("runs/target/final"))
+    p.add_argument("--n-embd", type=int, default=112)
+    p.add_argument("--n-layer", type=int, default=2)
+    p.add_argument("--n-head", type=int, default=4)
+    p.add_argument("--n-kv-head", type=int, default=4)
+    p.add_argument("--head-dim", type=int, default=28)
+    p.add_argument("--intermediate-size", type=int, default=320)
+    p.add_argument("--generated-fraction", type=float, default=0.5, help="share of each batch from target generations")
+    p.add_argument("--generations", type=int, default=1024, help="number of target greedy generations to train on")
+    p.set_defaults(func=_cmd_draft)
+
+    p = sub.add_parser("eval", help="validation loss and greedy acceptance (draft and early exit)")
+    p.add_argument("--target", type=Path, default=ASSETS_DIR / "target")
+    p.add_argument("--draft", type=Path, default=ASSETS_DIR / "draft")
+    p.add_argument("--data", type=Path, default=Path("data/corpus"))
+    p.add_argument("--prompts", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--prompts-out", type=Path, default=None, help="write the held-out prompts here (JSONL)")
+    p.add_argument("--report", type=Path, default=None, help="write the figures here (JSON)")
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("install", help="copy trained models into the package's assets/")
+    p.add_argument("--target", type=Path, default=Path("runs/target/final"))
+    p.add_argument("--draft", type=Path, default=Path("runs/draft/final"))
+    p.add_argument("--dest", type=Path, default=ASSETS_DIR)
+    p.set_defaults(func=_cmd_install)
+
+    p = sub.add_parser("all", help="the whole pipeline with default settings")
+    p.add_argument("--work", type=Path, default=Path("."))
+    p.add_argument("--target-minutes", type=float, default=78)
+    p.add_argument("--draft-minutes", type=float, default=30)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--resume", action="store_true")
+    p.set_defaults(func=_cmd_all)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (``python -m quickdraft.train.cli ...``) for use before the main CLI wires it."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    parser = argparse.ArgumentParser(prog="quickdraft")
+    add_train_parser(parser.add_subparsers(dest="command", required=True))
+    ns = parser.parse_args(["train", *(argv if argv is not None else sys.argv[1:])])
+    return int(ns.func(ns))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

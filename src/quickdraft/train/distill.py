@@ -1,0 +1,170 @@
+"""Draft distillation: a small model trained to match the target's next-token distribution.
+
+Loss: KL(p_target || q_draft) at temperature 1, summed over the vocabulary and averaged over
+positions. Half of each batch is corpus text; the other half is the target's own greedy
+continuations of corpus prefixes (generated once, before training), which is the text the draft
+will have to predict during greedy speculative decoding. Same tokenizer as the target: the
+vocabularies must be identical for the draft's tokens to mean anything to the target.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from quickdraft.model.config import ModelConfig
+from quickdraft.model.loader import load_model
+from quickdraft.model.transformer import Transformer
+from quickdraft.train.common import TrainArgs, batch_at, eval_batches, export_model, init_weights, set_threads, train_loop
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DraftShape:
+    n_embd: int = 112
+    n_layer: int = 2
+    n_head: int = 4
+    n_kv_head: int = 4
+    head_dim: int = 28
+    intermediate_size: int = 320
+
+
+def draft_config(shape: DraftShape, target: ModelConfig) -> ModelConfig:
+    return ModelConfig(
+        model_type="llama",
+        vocab_size=target.vocab_size,  # the draft speaks the target's vocabulary, token for token
+        n_embd=shape.n_embd,
+        n_layer=shape.n_layer,
+        n_head=shape.n_head,
+        n_kv_head=shape.n_kv_head,
+        head_dim=shape.head_dim,
+        intermediate_size=shape.intermediate_size,
+        block_size=target.block_size,
+        norm_eps=target.norm_eps,
+        tie_word_embeddings=True,
+        rope_theta=target.rope_theta,
+        eos_token_ids=target.eos_token_ids,
+    )
+
+
+@torch.no_grad()
+def greedy_generate(model: Transformer, prompts: torch.Tensor, n_new: int, *,
+                    exit_layer: int | None = None) -> torch.Tensor:
+    """Batched greedy continuation: prompts [batch, P] (same length) -> [batch, P + n_new]."""
+    model.eval()
+    batch, length = prompts.shape
+    cache = model.new_cache(length + n_new, batch=batch)
+    logits = model(prompts, 0, cache, exit_layer=exit_layer)  # [batch, P, vocab]
+    out = [prompts]
+    nxt = logits[:, -1].argmax(-1, keepdim=True)  # [batch, 1]
+    for i in range(n_new):
+        out.append(nxt)
+        if i == n_new - 1:
+            break
+        logits = model(nxt, length + i, cache, exit_layer=exit_layer)
+        nxt = logits[:, -1].argmax(-1, keepdim=True)
+    return torch.cat(out, dim=1)
+
+
+def make_generations(target: Transformer, tokens: np.ndarray, n_sequences: int, prompt_len: int, n_new: int,
+                     seed: int, batch: int = 64) -> np.ndarray:
+    """[n_sequences, prompt_len + n_new] greedy continuations of random corpus prefixes."""
+    rows = []
+    for start in tqdm(range(0, n_sequences, batch), desc="generations", mininterval=10):
+        prompts = batch_at(tokens, 10_000_000 + start, min(batch, n_sequences - start), prompt_len - 1, seed)
+        rows.append(greedy_generate(target, prompts, n_new).numpy().astype(np.uint16))
+    return np.concatenate(rows)
+
+
+def distill_loss(draft: Transformer, target: Transformer, batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    inputs = batch[:, :-1]
+    with torch.no_grad():
+        p_log = F.log_softmax(target(inputs).float(), dim=-1)  # [batch, T, vocab]
+    q_log = F.log_softmax(draft(inputs), dim=-1)
+    kl = F.kl_div(q_log.flatten(0, 1), p_log.flatten(0, 1), log_target=True, reduction="batchmean")
+    with torch.no_grad():
+        agree = (q_log.argmax(-1) == p_log.argmax(-1)).float().mean()
+        ce = F.nll_loss(q_log.flatten(0, 1), batch[:, 1:].flatten())
+    return kl, {"loss": float(kl.detach()), "agree": float(agree), "ce": float(ce)}
+
+
+@torch.no_grad()
+def evaluate_draft(draft: Transformer, target: Transformer, batches: list[torch.Tensor]) -> dict[str, float]:
+    draft.eval()
+    kl_sum = ce_sum = agree_sum = 0.0
+    count = 0
+    for batch in batches:
+        inputs, labels = batch[:, :-1], batch[:, 1:]
+        p_log = F.log_softmax(target(inputs), dim=-1)
+        q_log = F.log_softmax(draft(inputs), dim=-1)
+        kl_sum += float(F.kl_div(q_log.flatten(0, 1), p_log.flatten(0, 1), log_target=True, reduction="sum"))
+        ce_sum += float(F.nll_loss(q_log.flatten(0, 1), labels.flatten(), reduction="sum"))
+        agree_sum += float((q_log.argmax(-1) == p_log.argmax(-1)).sum())
+        count += labels.numel()
+    return {"loss": ce_sum / count, "kl": kl_sum / count, "agree": agree_sum / count}
+
+
+class MixedBatches:
+    """Each step: corpus windows plus windows of the target's generations, by (seed, step)."""
+
+    def __init__(self, tokens: np.ndarray, generations: np.ndarray, generated_fraction: float, seed: int) -> None:
+        self.tokens, self.generations = tokens, generations
+        self.generated_fraction, self.seed = generated_fraction, seed
+
+    def __call__(self, step: int, batch_size: int, seq_len: int) -> torch.Tensor:
+        n_gen = int(round(batch_size * self.generated_fraction)) if self.generations.size else 0
+        corpus = batch_at(self.tokens, step, batch_size - n_gen, seq_len, self.seed)
+        if n_gen == 0:
+            return corpus
+        rng = np.random.default_rng([self.seed, step, 1])
+        rows = rng.integers(0, self.generations.shape[0], size=n_gen)
+        width = self.generations.shape[1]
+        if width < seq_len + 1:
+            raise ValueError(f"generations of {width} tokens are shorter than seq_len + 1 = {seq_len + 1}")
+        offsets = rng.integers(0, width - seq_len, size=n_gen)
+        gen = np.stack([self.generations[r, o:o + seq_len + 1] for r, o in zip(rows, offsets)]).astype(np.int64)
+        return torch.cat([corpus, torch.from_numpy(gen)])
+
+
+def train_draft(args: TrainArgs, shape: DraftShape, target_dir: Path, *, generated_fraction: float = 0.5,
+                n_generations: int = 1024, prompt_len: int = 32, export_dir: Path | None = None) -> dict[str, object]:
+    set_threads(args.threads)
+    torch.manual_seed(args.seed)
+    target = load_model(target_dir, tokenizer=False).model
+    config = draft_config(shape, target.config)
+    draft = Transformer(config)
+    init_weights(draft)
+    n_target = sum(p.numel() for p in target.parameters())
+    n_draft = sum(p.numel() for p in draft.parameters())
+    log.info("draft: %d parameters (%.3f of the target's %d), %s", n_draft, n_draft / n_target, n_target, shape)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    tokens = np.memmap(args.data_dir / "train.bin", dtype=np.uint16, mode="r")
+    gen_path = args.out_dir / "generations.npy"
+    if generated_fraction > 0 and not gen_path.exists():
+        generations = make_generations(target, tokens, n_generations, prompt_len, args.seq_len + 1 - prompt_len + 64,
+                                       args.seed)
+        np.save(gen_path, generations)
+    generations = np.load(gen_path) if generated_fraction > 0 else np.zeros((0, 0), dtype=np.uint16)
+    sampler = MixedBatches(tokens, generations, generated_fraction, args.seed)
+    val = np.fromfile(args.data_dir / "val.bin", dtype=np.uint16)
+    val_batches = eval_batches(val, args.eval_batches, args.batch_size, args.seq_len)
+    summary = train_loop(
+        draft,
+        lambda m, b: distill_loss(m, target, b),
+        args,
+        name="draft",
+        eval_fn=lambda m: evaluate_draft(m, target, val_batches),
+        sampler=sampler,
+    )
+    summary["target_params"] = n_target
+    (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    export_model(draft, target_dir, export_dir or args.out_dir / "final")
+    return summary
