@@ -65,7 +65,8 @@ def load_model(
     model_dir = resolve_model_dir(path_or_id)
     config = ModelConfig.from_file(model_dir / "config.json")
     model = load_transformer(model_dir, config, dtype=parse_dtype(dtype), device=device)
-    tok = Tokenizer.from_dir(model_dir) if tokenizer else None
+    # A checkpoint without tokenizer.json still runs on token ids; text prompts then get a clear error.
+    tok = Tokenizer.from_dir(model_dir) if tokenizer and (model_dir / "tokenizer.json").exists() else None
     return LoadedModel(
         model=model,
         config=config,

@@ -1,0 +1,181 @@
+"""quickdraft generate | info | demo | serve | bench | train"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable
+from importlib import import_module
+
+from quickdraft.errors import QuickdraftError
+
+log = logging.getLogger("quickdraft")
+
+# Subcommands that live in their own packages: (module, function adding the parser).
+PLUGGED_COMMANDS = (
+    ("quickdraft.server.cli", "add_serve_parser"),
+    ("quickdraft.bench.cli", "add_bench_parser"),
+    ("quickdraft.train.cli", "add_train_parser"),
+)
+
+
+def gamma_arg(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"gamma must be an integer >= 1 or 'auto', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"gamma must be >= 1, got {value}")
+    return value
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """Target / drafter / dtype / device flags shared by generate, serve and bench."""
+    parser.add_argument("--target", help="model directory or hub repo id (default: the embedded model)")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--draft", help="draft model directory or hub repo id (same vocabulary as the target)")
+    group.add_argument("--drafter", help="early-exit[:L] | prompt-lookup[:n] | a draft model path")
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
+    parser.add_argument("--no-exact", action="store_true", help="skip exact mode's fixed-row forwards (faster, "
+                        "greedy output may then differ from plain decoding on near-ties)")
+
+
+def resolve_target_and_drafter(args: argparse.Namespace) -> tuple[str, str | None]:
+    from quickdraft.assets import default_draft_path, default_target_path
+
+    drafter = args.draft or args.drafter
+    if args.target:
+        return args.target, drafter
+    target = default_target_path()
+    if drafter is None and args.__dict__.get("default_draft", True):
+        drafter = default_draft_path()
+    return target, drafter
+
+
+def build_engine(args: argparse.Namespace):
+    from quickdraft.engine import Engine
+
+    target, drafter = resolve_target_and_drafter(args)
+    return Engine(target, drafter, exact=not args.no_exact, dtype=args.dtype, device=args.device)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from quickdraft.sampling import SamplingParams
+
+    engine = build_engine(args)
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    gamma = args.gamma if engine.drafter is not None else 0
+    if args.json:
+        result = engine.generate(args.prompt, args.max_new_tokens, sampling, gamma, args.stop)
+        print(json.dumps({"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
+                          "stats": result.stats.to_dict()}))
+        return 0
+    result = None
+    for event in engine.stream(args.prompt, args.max_new_tokens, sampling, gamma, args.stop):
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+        result = event.result
+    assert result is not None
+    s = result.stats
+    print(file=sys.stdout)
+    print(
+        f"[{s.generated_tokens} tokens, {s.tokens_per_s:.1f} tokens/s, drafter {s.drafter or 'none'}, "
+        f"acceptance {s.acceptance_rate:.2f}, {s.mean_accepted_length:.2f} tokens per target call]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from quickdraft.assets import default_target_path
+    from quickdraft.model.loader import load_model
+    from quickdraft.resources import peak_rss_bytes
+
+    loaded = load_model(args.model or default_target_path(), dtype=args.dtype)
+    c = loaded.config
+    info = {
+        "path": str(loaded.path),
+        "architecture": c.model_type,
+        "parameters": loaded.n_params,
+        "vocab_size": c.vocab_size,
+        "tokenizer_vocab_size": loaded.tokenizer.vocab_size if loaded.tokenizer else None,
+        "dtype": str(loaded.model.dtype).removeprefix("torch."),
+        "context_length": c.block_size,
+        "layers": c.n_layer,
+        "hidden_size": c.n_embd,
+        "heads": c.n_head,
+        "kv_heads": c.n_kv_head,
+        "weight_bytes": loaded.weight_bytes,
+        "peak_rss_bytes": peak_rss_bytes(),
+    }
+    if args.json:
+        print(json.dumps(info))
+    else:
+        for key, value in info.items():
+            print(f"{key:>22}: {value}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from quickdraft.demo import run_demo
+
+    return run_demo()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="quickdraft", description="Lossless speculative decoding.")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate text from a prompt")
+    add_model_args(gen)
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--gamma", type=gamma_arg, default="auto", help="draft length: an integer or 'auto'")
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+    gen.set_defaults(func=cmd_generate, default_draft=True)
+
+    info = sub.add_parser("info", help="describe a model")
+    info.add_argument("model", nargs="?", help="model directory or hub repo id (default: the embedded model)")
+    info.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    info.add_argument("--json", action="store_true")
+    info.set_defaults(func=cmd_info)
+
+    demo = sub.add_parser("demo", help="speculative generation on the embedded model pair")
+    demo.set_defaults(func=cmd_demo)
+
+    for module_name, function_name in PLUGGED_COMMANDS:
+        try:
+            add: Callable[[argparse._SubParsersAction], None] = getattr(import_module(module_name), function_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and not module_name.startswith(exc.name):
+                raise
+            continue
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except QuickdraftError as exc:
+        print(f"quickdraft: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,12 @@
+"""Process resource figures reported with statistics."""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
