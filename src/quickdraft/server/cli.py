@@ -1,0 +1,123 @@
+"""``quickdraft serve``: the OpenAI-compatible server on uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from quickdraft.errors import QuickdraftError
+
+log = logging.getLogger(__name__)
+
+
+def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
+    from quickdraft.cli import add_model_args
+
+    parser = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (streaming, speculative statistics)")
+    add_model_args(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", help="the model id clients send (default: --target as given, "
+                        "or 'quickdraft' for the embedded model)")
+    parser.add_argument("--max-queue", type=_positive_int, default=64,
+                        help="requests that may wait for the engine; more get 429 (default 64)")
+    parser.add_argument("--request-timeout", type=_positive_float, default=300.0,
+                        help="seconds a request may take, queueing included (default 300)")
+    parser.add_argument("--max-body-bytes", type=_positive_int, default=4 * 1024 * 1024,
+                        help="largest request body accepted (default 4 MiB)")
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    parser.set_defaults(func=cmd_serve, default_draft=True)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value}")
+    return value
+
+
+def served_model_name(args: argparse.Namespace) -> str:
+    if args.served_model_name:
+        return args.served_model_name
+    return args.target or "quickdraft"
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from quickdraft.server.app import create_app
+    except ModuleNotFoundError as exc:
+        raise QuickdraftError(f"`quickdraft serve` needs {exc.name}: pip install 'quickdraft[serve]'") from None
+    from quickdraft.cli import build_engine
+
+    engine = build_engine(args)
+    name = served_model_name(args)
+    app = create_app(engine, model_name=name, max_queue=args.max_queue, request_timeout_s=args.request_timeout,
+                     max_body_bytes=args.max_body_bytes)
+    drafter = engine.drafter.name if engine.drafter is not None else "none"
+    print(f"quickdraft serve: model {name!r} (drafter {drafter}, context {engine.context_length}) on "
+          f"http://{args.host}:{args.port}/v1", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+class BackgroundServer:
+    """uvicorn serving ``app`` from a thread on ``host`` (a free port unless given): for tests and
+    for tools that need a loopback server in-process.
+
+    >>> with BackgroundServer(app) as server:          # doctest: +SKIP
+    ...     httpx.get(server.url + "/health")
+    """
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
+                 startup_timeout_s: float = 30.0) -> None:
+        self.app, self.host, self.port, self.log_level = app, host, port, log_level
+        self.startup_timeout_s = startup_timeout_s
+        self._server = None
+        self._thread = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def __enter__(self) -> BackgroundServer:
+        import socket
+        import threading
+        import time
+
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app, log_level=self.log_level, lifespan="on", timeout_graceful_shutdown=2)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, name="uvicorn",
+                                        daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start on {self.url}")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._server.should_exit = True
+        self._thread.join(10)

@@ -1,0 +1,188 @@
+"""Request and response models of the OpenAI-compatible API.
+
+These models are the server's contract: FastAPI validates requests against them and publishes
+them as the OpenAPI schema (which schemathesis tests the server against), so every range a
+parameter may take is stated here, not checked later by hand.
+
+Defaults follow OpenAI's where they exist: ``temperature`` 1.0, ``top_p`` 1.0, ``n`` 1,
+``max_tokens`` 16 for completions and "the rest of the context" for chat completions.
+``temperature: 0`` is greedy decoding, the same as ``quickdraft generate``'s default.
+Extensions (as in vLLM): ``top_k`` (0 or -1 = off) and ``gamma`` (draft length: an integer,
+0 = plain decoding, or "auto", the CLI's default).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+OPENAI_MAX_STOP = 4
+MAX_SEED = 2**63 - 1
+
+Temperature = Annotated[StrictFloat, Field(ge=0.0, le=2.0, allow_inf_nan=False)]
+TopP = Annotated[StrictFloat, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: StrictBool = False
+
+
+class SamplingFields(BaseModel):
+    """The parameters completions and chat completions share."""
+
+    model_config = ConfigDict(extra="ignore")  # like OpenAI-compatible servers: unknown fields are ignored
+
+    model: StrictStr = Field(description="The served model's id (see GET /v1/models).")
+    temperature: Temperature | None = Field(1.0, description="0 = greedy decoding. Default 1.0 (OpenAI's default).")
+    top_p: TopP | None = Field(1.0, description="Nucleus sampling mass, in (0, 1].")
+    top_k: Annotated[StrictInt, Field(ge=-1, le=1_000_000)] | None = Field(
+        None, description="Keep the k most likely tokens; 0 or -1 = off (extension)."
+    )
+    n: Annotated[StrictInt, Field(ge=1, le=1)] | None = Field(1, description="Only n = 1 is supported.")
+    stream: StrictBool | None = False
+    stream_options: StreamOptions | None = None
+    stop: StrictStr | Annotated[list[StrictStr], Field(max_length=OPENAI_MAX_STOP)] | None = None
+    seed: Annotated[StrictInt, Field(ge=0, le=MAX_SEED)] | None = None
+    gamma: Annotated[StrictInt, Field(ge=0, le=64)] | Literal["auto"] | None = Field(
+        None, description="Draft length per step: an integer (0 = plain decoding) or 'auto' (default)."
+    )
+    user: StrictStr | None = None
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class CompletionRequest(SamplingFields):
+    prompt: StrictStr | Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)] = Field(
+        description="A text prompt, or a prompt as token ids."
+    )
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(16, description="Default 16 (OpenAI's default).")
+    echo: StrictBool | None = False
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: StrictStr | list[TextPart] | None = None
+    name: StrictStr | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        None, description="Default: the rest of the model's context."
+    )
+    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        None, description="OpenAI's newer name for max_tokens; takes precedence."
+    )
+
+
+# ---- responses ------------------------------------------------------------------------------
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class SpeculativeStats(BaseModel):
+    """What speculative decoding did for this request (extension)."""
+
+    drafter: str | None
+    drafted: int = Field(description="Draft tokens proposed.")
+    accepted: int = Field(description="Draft tokens the target accepted.")
+    acceptance_rate: float = Field(description="accepted / drafted (0 when nothing was drafted).")
+    mean_accepted_length: float = Field(description="Tokens committed per target forward (1.0 = plain decoding).")
+    num_drafts: int = Field(description="Steps that verified at least one draft token.")
+    target_calls: int
+    accepted_per_position: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    speculative: SpeculativeStats
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    speculative: SpeculativeStats
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "quickdraft"
+    context_length: int
+    drafter: str | None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error shape."""
+
+    error: ErrorDetail
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+    model: str
+    queued: int
+    running: int
+    max_queue: int
