@@ -58,6 +58,10 @@ DEFAULT_REQUEST_TIMEOUT_S = 300.0
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_GAMMA = "auto"  # the CLI's default (quickdraft generate --gamma auto)
 RETRY_AFTER_S = 1
+# Temperatures (and top_p) below this decode greedily, as in vLLM: logits / 5e-324 overflow to inf
+# and top_p = 5e-324 masks every token (NaN probabilities), while the distribution at such a
+# setting is the argmax's point mass anyway.
+GREEDY_BELOW = 1e-5
 
 
 # ---- errors ---------------------------------------------------------------------------------
@@ -414,7 +418,7 @@ def create_app(
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     post_responses = {
-        200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+        200: {"content": {"text/event-stream": {"schema": SSE_EVENT}},
               "description": "A JSON response, or server-sent events when stream is true."},
         **ERROR_RESPONSES,
     }
@@ -494,10 +498,13 @@ def create_app(
 
     def _submit(body: SamplingFields, prompt_ids: list[int], max_tokens: int) -> GenerationJob:
         temperature = 1.0 if body.temperature is None else body.temperature
+        top_p = 1.0 if body.top_p is None else float(body.top_p)
+        if temperature < GREEDY_BELOW or top_p < GREEDY_BELOW:
+            temperature = 0.0  # top_p that small keeps only the most likely token: greedy, in effect
         top_k = 0 if body.top_k in (None, -1) else body.top_k
         try:
             sampling = SamplingParams(temperature=float(temperature), top_k=top_k,
-                                      top_p=1.0 if body.top_p is None else float(body.top_p), seed=body.seed)
+                                      top_p=top_p, seed=body.seed)
         except QuickdraftError as exc:
             raise _error_from_quickdraft(exc) from exc
         gamma: int | str = DEFAULT_GAMMA if body.gamma is None else body.gamma
@@ -710,6 +717,12 @@ class _ChatChunks(_Chunks):
     def finish(self, reason: str, usage: dict[str, Any], speculative: dict[str, Any]) -> dict[str, Any]:
         return self._chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}], usage=usage,
                            speculative=speculative)
+
+
+# One server-sent event: its data is a JSON chunk (a response object with partial choices; the last
+# chunk carries usage and speculative), an error object, or "[DONE]" at the end.
+SSE_EVENT = {"type": "object", "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+             "required": ["data"]}
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

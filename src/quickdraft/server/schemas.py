@@ -6,19 +6,35 @@ parameter may take is stated here, not checked later by hand.
 
 Defaults follow OpenAI's where they exist: ``temperature`` 1.0, ``top_p`` 1.0, ``n`` 1,
 ``max_tokens`` 16 for completions and "the rest of the context" for chat completions.
-``temperature: 0`` is greedy decoding, the same as ``quickdraft generate``'s default.
+``temperature: 0`` is greedy decoding, the same as ``quickdraft generate``'s default (as in vLLM,
+temperatures below 1e-5 decode greedily too).
 Extensions (as in vLLM): ``top_k`` (0 or -1 = off) and ``gamma`` (draft length: an integer,
 0 = plain decoding, or "auto", the CLI's default).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictStr
 
 OPENAI_MAX_STOP = 4
 MAX_SEED = 2**63 - 1
+
+
+
+def _integer(value: object) -> object:
+    """JSON Schema's "integer" includes 1.0, so an integral float is an integer here too; strings and
+    booleans are not (pydantic's lax mode would take "5" and True)."""
+    if isinstance(value, (str, bytes, bool)):
+        raise ValueError("Input should be a valid integer")
+    return value
+
+
+def Integer(**constraints: int) -> Any:
+    """An integer as JSON Schema means it: 3 and 3.0, not "3", True or 3.5. (The constraints must come
+    before the validator, or pydantic leaves them out of the JSON schema.)"""
+    return Annotated[int, Field(**constraints), BeforeValidator(_integer)]
 
 Temperature = Annotated[StrictFloat, Field(ge=0.0, le=2.0, allow_inf_nan=False)]
 TopP = Annotated[StrictFloat, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
@@ -37,15 +53,15 @@ class SamplingFields(BaseModel):
     model: StrictStr = Field(description="The served model's id (see GET /v1/models).")
     temperature: Temperature | None = Field(1.0, description="0 = greedy decoding. Default 1.0 (OpenAI's default).")
     top_p: TopP | None = Field(1.0, description="Nucleus sampling mass, in (0, 1].")
-    top_k: Annotated[StrictInt, Field(ge=-1, le=1_000_000)] | None = Field(
+    top_k: Integer(ge=-1, le=1_000_000) | None = Field(
         None, description="Keep the k most likely tokens; 0 or -1 = off (extension)."
     )
-    n: Annotated[StrictInt, Field(ge=1, le=1)] | None = Field(1, description="Only n = 1 is supported.")
+    n: Integer(ge=1, le=1) | None = Field(1, description="Only n = 1 is supported.")
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     stop: StrictStr | Annotated[list[StrictStr], Field(max_length=OPENAI_MAX_STOP)] | None = None
-    seed: Annotated[StrictInt, Field(ge=0, le=MAX_SEED)] | None = None
-    gamma: Annotated[StrictInt, Field(ge=0, le=64)] | Literal["auto"] | None = Field(
+    seed: Integer(ge=0, le=MAX_SEED) | None = None
+    gamma: Integer(ge=0, le=64) | Literal["auto"] | None = Field(
         None, description="Draft length per step: an integer (0 = plain decoding) or 'auto' (default)."
     )
     user: StrictStr | None = None
@@ -57,10 +73,10 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: StrictStr | Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)] = Field(
+    prompt: StrictStr | Annotated[list[Integer(ge=0)], Field(min_length=1)] = Field(
         description="A text prompt, or a prompt as token ids."
     )
-    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(16, description="Default 16 (OpenAI's default).")
+    max_tokens: Integer(ge=1) | None = Field(16, description="Default 16 (OpenAI's default).")
     echo: StrictBool | None = False
 
 
@@ -86,10 +102,10 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(
+    max_tokens: Integer(ge=1) | None = Field(
         None, description="Default: the rest of the model's context."
     )
-    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(
+    max_completion_tokens: Integer(ge=1) | None = Field(
         None, description="OpenAI's newer name for max_tokens; takes precedence."
     )
 
