@@ -350,3 +350,14 @@ def test_request_timeout_stops_generation_and_queued_requests_get_503(slow_engin
         assert 0 < timed_out.json()["usage"]["completion_tokens"] < 400
         assert metric(srv.url, "generations_cancelled_total", reason="timeout") == 2
     slow_engine.step_seconds = 0.02
+
+
+def test_load_report_percentiles_are_nearest_rank():
+    from quickdraft.bench.load import percentile
+
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 99) == 99.0
+    assert percentile(values, 100) == 100.0
+    assert percentile([3.0], 99) == 3.0
+    assert percentile([], 50) is None

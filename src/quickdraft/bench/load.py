@@ -1,0 +1,361 @@
+"""Load test of ``quickdraft serve``: N concurrent streaming clients for a fixed time, on loopback.
+
+    python -m quickdraft.bench.load                    # 32 clients, 60 s, the embedded pair
+    python -m quickdraft.bench.load --clients 8 --duration 10 --json load.json
+
+The server runs as a subprocess on 127.0.0.1 (so its memory is its own), on the embedded model pair
+when it is installed, else on a small random pair built on the fly (said so in the report). Every
+client streams one request after another until the time is up; the requests still running then
+finish (bounded by --drain-timeout), and nothing starts after. Reported: failed requests (any
+status other than 200, an error event, a stream without ``[DONE]``, or a transport error), p50/p99
+time to first token and total latency, total generated tokens per second, and the server's RSS
+(after warm-up, at the end, and its peak) to show that memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+TEXT_PROMPTS = [
+    'def read_config(path):\n    """Read a JSON configuration file and return it as a dict."""\n',
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+    "import os\n\n\ndef list_python_files(root):\n",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n",
+    "for i in range(10):\n    print(",
+    "def parse_args(argv=None):\n    parser = argparse.ArgumentParser(",
+]
+
+
+@dataclass
+class RequestRecord:
+    ok: bool
+    ttft_s: float | None  # time to the first generated text
+    total_s: float
+    tokens: int
+    error: str | None = None
+
+
+@dataclass
+class LoadReport:
+    model: str
+    random_model: bool
+    drafter: str | None
+    clients: int
+    duration_s: float
+    max_tokens: int
+    requests: int
+    failed: int
+    unfinished: int
+    errors: dict[str, int]
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    latency_p50_s: float | None
+    latency_p99_s: float | None
+    generated_tokens: int
+    wall_s: float
+    tokens_per_s: float
+    server_rss_after_warmup_bytes: int | None
+    server_rss_end_bytes: int | None
+    server_peak_rss_bytes: int | None
+    machine: dict[str, Any] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        mib = lambda b: "n/a" if b is None else f"{b / 2**20:.0f} MiB"  # noqa: E731
+        sec = lambda s: "n/a" if s is None else f"{s:.2f} s"  # noqa: E731
+        model = (f"a RANDOM Llama pair, target 6 layers x 256, draft 1 x 64, char tokenizer (the embedded pair is not "
+                 f"installed)" if self.random_model else self.model)
+        return [
+            f"model: {model}, drafter {self.drafter or 'none'}",
+            f"{self.clients} streaming clients for {self.duration_s:.0f} s, max_tokens {self.max_tokens}: "
+            f"{self.requests} requests, {self.failed} failed, {self.unfinished} unfinished",
+            f"time to first token: p50 {sec(self.ttft_p50_s)}, p99 {sec(self.ttft_p99_s)}",
+            f"total latency:       p50 {sec(self.latency_p50_s)}, p99 {sec(self.latency_p99_s)}",
+            f"throughput: {self.generated_tokens} tokens in {self.wall_s:.1f} s = {self.tokens_per_s:.1f} tokens/s",
+            f"server RSS: {mib(self.server_rss_after_warmup_bytes)} after warm-up, {mib(self.server_rss_end_bytes)} "
+            f"at the end, peak {mib(self.server_peak_rss_bytes)}",
+        ] + ([f"errors: {self.errors}"] if self.errors else [])
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in [0, 100])."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))  # ceil(q/100 * n)
+    return ordered[rank - 1]
+
+
+# ---- the server under test -------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _proc_status(pid: int, key: str) -> int | None:
+    """VmRSS / VmHWM of a process in bytes (Linux); None elsewhere."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def choose_models(target: str | None, drafter: str | None, workdir: Path) -> tuple[str, str | None, bool, bool]:
+    """(target, drafter, random?, text prompts?): the given model, else the embedded pair, else a random
+    pair (with a character-level tokenizer)."""
+    if target:
+        return target, drafter, False, (Path(target) / "tokenizer.json").exists() or not Path(target).exists()
+    from quickdraft.assets import default_draft_path, default_target_path, embedded_pair_available
+
+    if embedded_pair_available():
+        return default_target_path(), drafter or default_draft_path(), False, True
+    from quickdraft.demo import _random_pair
+
+    random_target, random_draft = _random_pair(workdir)
+    for path in (random_target, random_draft):
+        _write_char_tokenizer(Path(path))
+    return random_target, drafter or random_draft, True, True
+
+
+def _write_char_tokenizer(model_dir: Path) -> None:
+    """One token per printable ASCII character (+ newline, + EOS), so a random model serves text:
+    the clients then see tokens as they stream, as with a real model."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers
+    from tokenizers.models import BPE
+
+    chars = ["\n"] + [chr(c) for c in range(32, 127)]
+    tokenizer = Tokenizer(BPE(vocab={"<|endoftext|>": 0, **{ch: i + 1 for i, ch in enumerate(chars)}}, merges=[]))
+    tokenizer.normalizer = normalizers.Replace(Regex(r"[^\n -~]"), "?")
+    tokenizer.decoder = decoders.Fuse()
+    tokenizer.add_special_tokens([AddedToken("<|endoftext|>", special=True, normalized=False)])
+    tokenizer.save(str(model_dir / "tokenizer.json"))
+    (model_dir / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+
+
+class ServerProcess:
+    """``quickdraft serve`` in a subprocess on a free loopback port."""
+
+    def __init__(self, target: str, drafter: str | None, *, max_queue: int, request_timeout_s: float,
+                 startup_timeout_s: float = 180.0) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "quickdraft.cli", "serve", "--target", target, "--host", "127.0.0.1",
+               "--port", str(self.port), "--served-model-name", "load", "--max-queue", str(max_queue),
+               "--request-timeout", str(request_timeout_s), "--log-level", "warning"]
+        if drafter:
+            cmd += ["--drafter", drafter]
+        self.cmd, self.startup_timeout_s = cmd, startup_timeout_s
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> ServerProcess:
+        import httpx
+
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited ({self.proc.returncode}): {self.proc.stderr.read()[-2000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                raise RuntimeError(f"the server did not answer on {self.url} within {self.startup_timeout_s:.0f} s")
+            time.sleep(0.25)
+
+    def rss(self) -> int | None:
+        return _proc_status(self.proc.pid, "VmRSS") if self.proc else None
+
+    def peak_rss(self) -> int | None:
+        return _proc_status(self.proc.pid, "VmHWM") if self.proc else None
+
+    def __exit__(self, *exc_info) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+# ---- the clients -------------------------------------------------------------------------------
+async def _one_request(client, url: str, body: dict[str, Any]) -> RequestRecord:
+    start = time.perf_counter()
+    ttft, tokens, done, error = None, 0, False, None
+    try:
+        async with client.stream("POST", url, json=body) as response:
+            if response.status_code != 200:
+                await response.aread()
+                return RequestRecord(False, None, time.perf_counter() - start, 0, f"HTTP {response.status_code}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    done = True
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    error = f"error event: {chunk['error'].get('code') or chunk['error'].get('type')}"
+                    continue
+                choices = chunk.get("choices") or []
+                if ttft is None and choices and (choices[0].get("text") or choices[0].get("delta", {}).get("content")):
+                    ttft = time.perf_counter() - start
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+    except Exception as exc:  # a transport error is a failed request, whatever it is
+        return RequestRecord(False, ttft, time.perf_counter() - start, tokens, type(exc).__name__)
+    total = time.perf_counter() - start
+    if ttft is None and tokens:
+        ttft = total  # the text arrived in the last chunk (e.g. a random model's ids decode to "")
+    ok = done and error is None
+    return RequestRecord(ok, ttft, total, tokens, error or (None if done else "no [DONE]"))
+
+
+async def _client_loop(client, requests: list[tuple[str, dict[str, Any]]], offset: int, stop_at: float,
+                       records: list[RequestRecord]) -> None:
+    i = offset
+    while time.monotonic() < stop_at:
+        url, body = requests[i % len(requests)]
+        records.append(await _one_request(client, url, body))
+        i += 1
+
+
+async def _drive(requests: list[tuple[str, dict[str, Any]]], clients: int, duration_s: float,
+                 drain_timeout_s: float) -> tuple[list[RequestRecord], int, float]:
+    """``clients`` loops, each sending one (url, body) after another until ``duration_s`` has passed."""
+    import httpx
+
+    records: list[RequestRecord] = []
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    timeout = httpx.Timeout(duration_s + drain_timeout_s, connect=30)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        start = time.monotonic()
+        stop_at = start + duration_s
+        tasks = [asyncio.create_task(_client_loop(client, requests, i, stop_at, records)) for i in range(clients)]
+        done, pending = await asyncio.wait(tasks, timeout=duration_s + drain_timeout_s)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        wall = time.monotonic() - start
+    return records, len(pending), wall
+
+
+def make_bodies(text: bool, max_tokens: int, vocab_size: int = 512) -> list[dict[str, Any]]:
+    """Greedy streaming requests: text prompts (completions and chat) or token-id prompts."""
+    if text:
+        bodies = []
+        for i, prompt in enumerate(TEXT_PROMPTS):
+            if i % 2:
+                bodies.append({"messages": [{"role": "user", "content": prompt}]})
+            else:
+                bodies.append({"prompt": prompt})
+    else:
+        bodies = [{"prompt": [(7 * i + 3 * j) % (vocab_size - 1) + 1 for j in range(24 + 4 * i)]} for i in range(6)]
+    return [{"model": "load", "max_tokens": max_tokens, "temperature": 0, "stream": True, **b} for b in bodies]
+
+
+def run_load(clients: int = 32, duration_s: float = 60.0, max_tokens: int = 32, target: str | None = None,
+             drafter: str | None = None, drain_timeout_s: float = 240.0, warmup_requests: int = 2) -> LoadReport:
+    if clients < 1 or duration_s <= 0 or max_tokens < 1:
+        raise ValueError("clients, duration and max_tokens must be positive")
+    with tempfile.TemporaryDirectory(prefix="quickdraft-load-") as tmp:
+        target, drafter, random_model, text = choose_models(target, drafter, Path(tmp))
+        bodies = make_bodies(text, max_tokens)
+        with ServerProcess(target, drafter, max_queue=max(64, 2 * clients),
+                           request_timeout_s=duration_s + drain_timeout_s) as server:
+            endpoint = lambda b: server.url + ("/v1/chat/completions" if "messages" in b else "/v1/completions")  # noqa: E731
+            routed = [(endpoint(b), b) for b in bodies]
+
+            async def main() -> tuple[list[RequestRecord], int, float]:
+                import httpx
+
+                async with httpx.AsyncClient(timeout=120) as warm:
+                    for url, body in routed[:warmup_requests]:
+                        await _one_request(warm, url, body)
+                return await _drive(routed, clients, duration_s, drain_timeout_s)
+
+            rss_warm = None
+
+            async def with_rss() -> tuple[list[RequestRecord], int, float]:
+                nonlocal rss_warm
+                task = asyncio.create_task(main())
+                await asyncio.sleep(min(10.0, duration_s / 4))
+                rss_warm = server.rss()
+                return await task
+
+            records, unfinished, wall = asyncio.run(with_rss())
+            rss_end, peak = server.rss(), server.peak_rss()
+    ok = [r for r in records if r.ok]
+    errors: dict[str, int] = {}
+    for r in records:
+        if not r.ok:
+            errors[r.error or "unknown"] = errors.get(r.error or "unknown", 0) + 1
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+    totals = [r.total_s for r in ok]
+    tokens = sum(r.tokens for r in ok)
+    return LoadReport(
+        model=target, random_model=random_model, drafter=drafter, clients=clients, duration_s=duration_s,
+        max_tokens=max_tokens, requests=len(records), failed=len(records) - len(ok), unfinished=unfinished,
+        errors=errors, ttft_p50_s=percentile(ttfts, 50), ttft_p99_s=percentile(ttfts, 99),
+        latency_p50_s=percentile(totals, 50), latency_p99_s=percentile(totals, 99), generated_tokens=tokens,
+        wall_s=wall, tokens_per_s=tokens / wall if wall > 0 else 0.0, server_rss_after_warmup_bytes=rss_warm,
+        server_rss_end_bytes=rss_end, server_peak_rss_bytes=peak, machine=_machine(),
+    )
+
+
+def _machine() -> dict[str, Any]:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m quickdraft.bench.load", description=__doc__.split("\n")[0])
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds during which requests start")
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens per request")
+    parser.add_argument("--target", help="model directory (default: the embedded pair, else a random pair)")
+    parser.add_argument("--drafter", help="drafter spec or draft model (default: the pair's draft)")
+    parser.add_argument("--drain-timeout", type=float, default=240.0,
+                        help="seconds the requests running at the end may take to finish")
+    parser.add_argument("--json", help="also write the report as JSON to this path")
+    args = parser.parse_args(argv)
+    report = run_load(args.clients, args.duration, args.max_tokens, args.target, args.drafter, args.drain_timeout)
+    for line in report.lines():
+        print(line)
+    if args.json:
+        Path(args.json).write_text(json.dumps(asdict(report), indent=2))
+    return 0 if report.failed == 0 and report.unfinished == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
