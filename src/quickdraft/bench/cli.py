@@ -1,0 +1,82 @@
+"""`quickdraft bench`: the benchmark from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,2,4, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"every γ must be >= 1, got {text!r}")
+    return values
+
+
+def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
+    from quickdraft.cli import add_model_args
+
+    p = subparsers.add_parser(
+        "bench", help="benchmark plain vs speculative decoding vs transformers on the same weights",
+        description="Runs every configuration in one process on a shipped prompt set (warm-up, then rounds; "
+                    "medians), and writes bench.json, bench.md and PNG plots to --out.")
+    add_model_args(p)
+    p.add_argument("--quick", action="store_true", help="a short run (< 3 minutes on 2 CPU cores)")
+    p.add_argument("--out", type=Path, default=Path("bench-out"), help="output directory (default: bench-out)")
+    p.add_argument("--prompts", help="JSONL of {\"id\", \"kind\", \"prompt\"} (default: the shipped set)")
+    p.add_argument("--prompt-limit", type=int, help="use only the first N prompts (kinds interleaved)")
+    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--repeats", type=int, help="measured rounds after the warm-up")
+    p.add_argument("--gammas", type=_int_list, help="fixed γ values for greedy draft-model runs, e.g. 1,2,4")
+    p.add_argument("--sampling-gammas", type=_int_list, help="fixed γ values for sampling runs")
+    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)")
+    p.add_argument("--no-peers", action="store_true", help="skip transformers' generate()")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_bench, default_draft=True)
+
+
+def settings_from_args(args: argparse.Namespace):
+    from quickdraft.assets import default_draft_path, default_target_path
+    from quickdraft.bench.harness import BenchSettings
+
+    early_exit, prompt_lookup, draft = "early-exit", "prompt-lookup", args.draft
+    if args.drafter:
+        if args.drafter.startswith("early-exit"):
+            early_exit = args.drafter
+        elif args.drafter.startswith("prompt-lookup"):
+            prompt_lookup = args.drafter
+        else:
+            draft = args.drafter
+    target = args.target
+    if target is None:
+        target = default_target_path()
+        if draft is None:
+            draft = default_draft_path()
+    overrides = {k: v for k, v in dict(
+        prompts=args.prompts, prompt_limit=args.prompt_limit, max_new_tokens=args.max_new_tokens,
+        repeats=args.repeats, gammas=args.gammas, sampling_gammas=args.sampling_gammas, threads=args.threads,
+    ).items() if v is not None}
+    common = dict(target=target, draft=draft, dtype=args.dtype, device=args.device, exact=not args.no_exact,
+                  early_exit=early_exit, prompt_lookup=prompt_lookup, peers=not args.no_peers,
+                  temperature=args.temperature, seed=args.seed, **overrides)
+    return BenchSettings.quick(**common) if args.quick else BenchSettings(**common)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from quickdraft.bench.harness import run_bench
+    from quickdraft.bench.report import markdown_report, write_outputs
+
+    settings = settings_from_args(args)
+    report = run_bench(settings, progress=sys.stderr.isatty())
+    command = "quickdraft " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
+    written = write_outputs(report, args.out, command, plots=not args.no_plots)
+    print(markdown_report(report, command))
+    print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
+    return 0

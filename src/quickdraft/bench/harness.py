@@ -1,0 +1,505 @@
+"""The benchmark: every method on the same weights, the same prompts, in one process.
+
+Method of measurement (what makes the ratios trustworthy on a noisy machine):
+- every configuration runs once on a short warm-up, then ``repeats`` measured rounds;
+- each round runs every configuration on every prompt, in an order rotated from round to round,
+  so that a slow patch of the machine hits all methods alike;
+- speedups are per-round ratios against our plain decoding (1-row forwards, exact mode off) of the
+  same round, then the median over rounds; tokens/s is the median over rounds;
+- EOS is ignored (like vLLM's ``ignore_eos``) so every method generates exactly
+  ``max_new_tokens`` per prompt; prompts are tokenized once, outside the timed region.
+
+For each speculative configuration the drafter is wrapped so that every step's (drafted,
+accepted) pair is recorded; from them comes α, the per-token acceptance probability of
+Leviathan et al. (accepted / (accepted + rejections)), which the bound needs. The engine's own
+``acceptance_rate`` (accepted / drafted) is reported beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from quickdraft.drafters.base import Draft, DraftContext, Drafter
+from quickdraft.drafters.factory import make_drafter
+from quickdraft.engine import Engine, expected_speedup
+from quickdraft.errors import QuickdraftError
+from quickdraft.model.loader import LoadedModel, load_model
+from quickdraft.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+BASELINE = "plain"
+PLAIN_EXACT = "plain exact"
+WARMUP_TOKENS = 12
+
+
+# ---- settings -------------------------------------------------------------------------------
+@dataclass
+class BenchSettings:
+    target: str
+    draft: str | None = None
+    dtype: str = "fp32"
+    device: str = "cpu"
+    prompts: str | None = None  # JSONL of {"id", "kind", "prompt"}; None: the shipped set
+    prompt_limit: int | None = None  # use the first N prompts, continuations and grounded interleaved
+    max_new_tokens: int = 128
+    repeats: int = 3
+    gammas: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
+    sampling_gammas: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
+    temperature: float = 0.8
+    exact: bool = True  # also run exact-mode variants (reported beside, never as the baseline)
+    early_exit: str | None = "early-exit"  # drafter spec, None to skip
+    prompt_lookup: str | None = "prompt-lookup"
+    peers: bool = True  # transformers generate(): plain, assisted, prompt lookup
+    hf_lookup_tokens: int = 10  # prompt_lookup_num_tokens for the transformers peer (its docs' value)
+    threads: int | None = None
+    seed: int = 0
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> BenchSettings:
+        """The `--quick` preset: a few prompts, short outputs, γ ∈ {2, 4} and auto (< 3 minutes here)."""
+        base = dict(prompt_limit=4, max_new_tokens=48, repeats=2, gammas=(2, 4), sampling_gammas=())
+        base.update(overrides)
+        return cls(**base)
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str  # unique label, e.g. "draft γ=4" or "hf assisted"
+    family: str  # plain | draft | early-exit | prompt-lookup | hf-plain | hf-assisted | hf-lookup
+    gamma: int | str  # 0 = plain decoding
+    exact: bool
+    temperature: float
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def peer(self) -> bool:
+        return self.family.startswith("hf-")
+
+    @property
+    def decoding(self) -> str:
+        return "greedy" if self.greedy else f"T={self.temperature:g}"
+
+
+# ---- prompts --------------------------------------------------------------------------------
+def load_prompts(path: str | Path | None = None, limit: int | None = None) -> list[dict[str, str]]:
+    """The prompt set: continuations and input-grounded tasks, interleaved so that a limit keeps both."""
+    if path is None:
+        text = resources.files("quickdraft.bench").joinpath("prompts/bench.jsonl").read_text()
+    else:
+        text = Path(path).read_text()
+    prompts = []
+    for line_no, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise QuickdraftError(f"prompt file {path or 'bench.jsonl'} line {line_no}: not JSON ({exc})") from exc
+        if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+            raise QuickdraftError(f"prompt file {path or 'bench.jsonl'} line {line_no}: needs a string field 'prompt'")
+        record.setdefault("id", f"prompt-{line_no}")
+        record.setdefault("kind", "continuation")
+        prompts.append(record)
+    if not prompts:
+        raise QuickdraftError(f"prompt file {path} holds no prompts")
+    by_kind: dict[str, list[dict[str, str]]] = {}
+    for record in prompts:
+        by_kind.setdefault(record["kind"], []).append(record)
+    interleaved = [r for group in zip_longest_all(list(by_kind.values())) for r in group]
+    return interleaved[:limit] if limit else interleaved
+
+
+def zip_longest_all(groups: list[list[dict[str, str]]]) -> list[list[dict[str, str]]]:
+    depth = max(len(g) for g in groups)
+    return [[g[i] for g in groups if i < len(g)] for i in range(depth)]
+
+
+def encode_prompt(target: LoadedModel, text: str) -> list[int]:
+    """Token ids of a prompt; a model without a tokenizer (a random test pair) gets its bytes
+    modulo the vocabulary, which keeps the prompt's repetitions (what prompt lookup feeds on)."""
+    if target.tokenizer is not None:
+        return target.tokenizer.encode(text)
+    return [b % target.config.vocab_size for b in text.encode()]
+
+
+# ---- the recording drafter ------------------------------------------------------------------
+class RecordingDrafter(Drafter):
+    """Delegates to a drafter and records every step's (drafted, accepted) pair."""
+
+    def __init__(self, inner: Drafter) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.steps: list[tuple[int, int]] = []
+        self._proposed = 0
+
+    def begin(self, prompt_ids: list[int], context: DraftContext) -> None:
+        self._proposed = 0
+        self.inner.begin(prompt_ids, context)
+
+    def propose(self, tokens, k, sampling, generator, confidence_stop=None) -> Draft:  # noqa: ANN001
+        draft = self.inner.propose(tokens, k, sampling, generator, confidence_stop)
+        self._proposed = len(draft.tokens)
+        return draft
+
+    def accept(self, n_accepted: int) -> None:
+        if self._proposed:
+            self.steps.append((self._proposed, n_accepted))
+        self._proposed = 0
+        self.inner.accept(n_accepted)
+
+    @property
+    def relative_cost_hint(self) -> float:
+        return self.inner.relative_cost_hint
+
+
+def alpha_from_steps(steps: Sequence[tuple[int, int]]) -> float | None:
+    """Per-token acceptance probability α (maximum likelihood, truncated geometric):
+    accepted / (accepted + rejections); a step that accepts all it drafted has no rejection."""
+    accepted = sum(n for _, n in steps)
+    trials = sum(min(n + 1, drafted) for drafted, n in steps)
+    return accepted / trials if trials else None
+
+
+# ---- one round of one method ----------------------------------------------------------------
+@dataclass
+class RoundResult:
+    tokens: int = 0
+    seconds: float = 0.0
+    outputs: list[list[int]] = field(default_factory=list)
+    target_seconds: float = 0.0
+    target_calls: int = 0
+    drafter_seconds: float = 0.0
+    drafter_calls: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    num_drafts: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    drafted_per_position: list[int] = field(default_factory=list)
+    steps: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def add_stats(self, stats: Any) -> None:
+        self.target_seconds += stats.target_seconds
+        self.target_calls += stats.target_calls
+        self.drafter_seconds += stats.drafter_seconds
+        self.drafter_calls += stats.drafter_calls
+        self.drafted += stats.drafted
+        self.accepted += stats.accepted
+        self.num_drafts += stats.num_drafts
+        self.accepted_per_position = _add_lists(self.accepted_per_position, stats.accepted_per_position)
+        self.drafted_per_position = _add_lists(self.drafted_per_position, stats.drafted_per_position)
+
+
+def _add_lists(a: list[int], b: list[int]) -> list[int]:
+    n = max(len(a), len(b))
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
+
+
+Runner = Callable[[list[int], int, int], tuple[list[int], Any]]  # (prompt ids, max new, seed) -> (ids, stats)
+
+
+class OurRunner:
+    def __init__(self, engine: Engine, method: Method) -> None:
+        self.engine, self.method = engine, method
+        self.recorder = engine.drafter if isinstance(engine.drafter, RecordingDrafter) else None
+
+    def __call__(self, ids: list[int], max_new: int, seed: int) -> tuple[list[int], Any]:
+        sampling = SamplingParams(temperature=self.method.temperature, seed=seed)
+        result = self.engine.generate(ids, max_new, sampling, self.method.gamma)
+        return result.token_ids, result.stats
+
+
+# ---- the benchmark --------------------------------------------------------------------------
+class Bench:
+    def __init__(self, settings: BenchSettings, progress: bool = True) -> None:
+        self.settings = settings
+        self.progress = progress
+        self.notes: list[str] = []
+
+    # -- setup
+    def _engines(self, target: LoadedModel, draft: LoadedModel | None) -> list[tuple[Method, Callable]]:
+        s = self.settings
+        runs: list[tuple[Method, Callable]] = []
+        modes = [False, True] if s.exact else [False]
+        engines: dict[tuple[str, bool], Engine] = {}
+
+        def engine(kind: str, exact: bool) -> Engine:
+            key = (kind, exact)
+            if key not in engines:
+                drafter = None
+                if kind == "draft":
+                    drafter = RecordingDrafter(make_drafter(draft, target))
+                elif kind == "early-exit":
+                    drafter = RecordingDrafter(make_drafter(s.early_exit, target))
+                elif kind == "prompt-lookup":
+                    drafter = RecordingDrafter(make_drafter(s.prompt_lookup, target))
+                e = Engine(target, drafter, exact=exact, dtype=s.dtype, device=s.device)
+                if exact and not e.exact:
+                    raise QuickdraftError("exact mode is unavailable on this platform; rerun with --no-exact")
+                e.eos_token_ids = frozenset()  # ignore EOS: every method generates max_new_tokens
+                engines[key] = e
+            return engines[key]
+
+        def add(name: str, family: str, gamma: int | str, exact: bool, temperature: float) -> None:
+            method = Method(name, family, gamma, exact, temperature)
+            runs.append((method, OurRunner(engine(family, exact), method)))
+
+        for temperature, gammas in ((0.0, s.gammas), (s.temperature, s.sampling_gammas)):
+            suffix = "" if temperature == 0 else f" T={temperature:g}"
+            for exact in modes:
+                tag = " exact" if exact else ""
+                add(f"plain{tag}{suffix}", "plain", 0, exact, temperature)
+            if draft is not None:
+                for g in gammas:
+                    add(f"draft γ={g}{suffix}", "draft", g, False, temperature)
+                for exact in modes:
+                    add(f"draft auto{' exact' if exact else ''}{suffix}", "draft", "auto", exact, temperature)
+            if s.early_exit and target.config.n_layer > 1:
+                add(f"early exit auto{suffix}", "early-exit", "auto", False, temperature)
+            if s.prompt_lookup:
+                add(f"prompt lookup auto{suffix}", "prompt-lookup", "auto", False, temperature)
+        if draft is None:
+            self.notes.append("no draft model given: draft-model speculation and the assisted peer were skipped")
+        return runs
+
+    def _peers(self, target: LoadedModel, draft: LoadedModel | None) -> list[tuple[Method, Callable]]:
+        s = self.settings
+        if not s.peers:
+            return []
+        try:
+            from quickdraft.bench.peers import HFPeer
+        except ImportError as exc:  # transformers is a bench/test dependency only
+            self.notes.append(f"transformers is not installed ({exc}); the peers were skipped")
+            return []
+        try:
+            peer = HFPeer(target.path, draft.path if draft is not None else None, dtype=s.dtype, device=s.device)
+        except Exception as exc:  # noqa: BLE001 - any failure to load a peer is reported, not fatal
+            self.notes.append(f"transformers could not load the models ({type(exc).__name__}: {exc}); peers skipped")
+            return []
+        runs = []
+        for temperature in (0.0, s.temperature):
+            suffix = "" if temperature == 0 else f" T={temperature:g}"
+            families = [("hf-plain", "hf plain"), ("hf-lookup", f"hf prompt lookup ({s.hf_lookup_tokens})")]
+            if peer.assistant is not None:
+                families.insert(1, ("hf-assisted", "hf assisted"))
+            for family, name in families:
+                gamma = s.hf_lookup_tokens if family == "hf-lookup" else ("hf" if family == "hf-assisted" else 0)
+                method = Method(name + suffix, family, gamma, False, temperature)
+                runs.append((method, peer.runner(method, s.hf_lookup_tokens)))
+        self.notes.append(f"transformers {peer.version}: assisted generation with its default assistant-token "
+                          f"schedule; prompt lookup with prompt_lookup_num_tokens={s.hf_lookup_tokens}")
+        return runs
+
+    # -- run
+    def run(self) -> dict[str, Any]:
+        threads = torch.get_num_threads()
+        if self.settings.threads:
+            torch.set_num_threads(self.settings.threads)
+        try:
+            return self._run()
+        finally:
+            torch.set_num_threads(threads)
+
+    def _run(self) -> dict[str, Any]:
+        s = self.settings
+        started = time.perf_counter()
+        target = load_model(s.target, dtype=s.dtype, device=s.device)
+        draft = load_model(s.draft, dtype=s.dtype, device=s.device) if s.draft else None
+        prompts = load_prompts(s.prompts, s.prompt_limit)
+        prompt_ids = [encode_prompt(target, p["prompt"]) for p in prompts]
+        room = min(target.config.block_size, draft.config.block_size if draft else target.config.block_size)
+        room -= s.max_new_tokens + 1
+        if room < 1:
+            raise QuickdraftError(f"max_new_tokens {s.max_new_tokens} leaves no room for a prompt in the "
+                                  f"context ({target.config.block_size})")
+        if any(len(ids) > room for ids in prompt_ids):
+            self.notes.append(f"prompts longer than {room} tokens were cut to their last {room} tokens "
+                              "so that prompt + max_new_tokens fits the context")
+            prompt_ids = [ids[-room:] for ids in prompt_ids]
+        runs = self._engines(target, draft) + self._peers(target, draft)
+        methods = [m for m, _ in runs]
+        log.info("bench: %d configurations x %d prompts x %d rounds", len(runs), len(prompts), s.repeats)
+
+        bar = _progress(len(runs) * (1 + s.repeats * len(prompts)), self.progress)
+        for method, runner in runs:  # warm-up: one short generation each
+            bar.set_description(f"warm-up {method.name}")
+            runner(prompt_ids[0], min(WARMUP_TOKENS, s.max_new_tokens), s.seed)
+            bar.update(1)
+        rounds: list[dict[str, RoundResult]] = []
+        for r in range(s.repeats):
+            shift = r % len(runs)
+            order = runs[shift:] + runs[:shift]
+            results: dict[str, RoundResult] = {}
+            for method, runner in order:
+                bar.set_description(f"round {r + 1}/{s.repeats} {method.name}")
+                recorder = getattr(runner, "recorder", None)
+                if recorder is not None:
+                    recorder.steps = []
+                rr = RoundResult()
+                for i, ids in enumerate(prompt_ids):
+                    t0 = time.perf_counter()
+                    out, stats = runner(ids, s.max_new_tokens, s.seed + i)
+                    rr.seconds += time.perf_counter() - t0
+                    rr.tokens += len(out)
+                    rr.outputs.append(list(out))
+                    if stats is not None:
+                        rr.add_stats(stats)
+                    bar.update(1)
+                if recorder is not None:
+                    rr.steps = list(recorder.steps)
+                results[method.name] = rr
+            rounds.append(results)
+        bar.close()
+        rows = summarize(methods, rounds)
+        return {
+            "settings": _jsonable(asdict(s)),
+            "machine": machine_description(),
+            "prompts": [{"id": p["id"], "kind": p["kind"], "tokens": len(ids)} for p, ids in zip(prompts, prompt_ids)],
+            "target": {"path": str(target.path), "parameters": target.n_params, "layers": target.config.n_layer,
+                       "hidden_size": target.config.n_embd, "vocab_size": target.config.vocab_size},
+            "draft": None if draft is None else {"path": str(draft.path), "parameters": draft.n_params,
+                                                 "layers": draft.config.n_layer, "hidden_size": draft.config.n_embd},
+            "baseline": BASELINE,
+            "results": rows,
+            "notes": self.notes,
+            "wall_seconds": time.perf_counter() - started,
+        }
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, disable=not enabled, leave=False, unit="gen", dynamic_ncols=True)
+
+
+# ---- summary --------------------------------------------------------------------------------
+def summarize(methods: list[Method], rounds: list[dict[str, RoundResult]]) -> list[dict[str, Any]]:
+    """One row per method: medians over rounds, acceptance figures over all rounds."""
+    rows = []
+    for m in methods:
+        per_round = [rd[m.name] for rd in rounds]
+        base = [rd[BASELINE] for rd in rounds]
+        tps = statistics.median(r.tokens_per_s for r in per_round)
+        speedup = statistics.median(r.tokens_per_s / b.tokens_per_s for r, b in zip(per_round, base) if b.tokens_per_s)
+        row: dict[str, Any] = {
+            "method": m.name, "family": m.family, "decoding": m.decoding, "temperature": m.temperature,
+            "gamma": m.gamma, "exact": m.exact, "peer": m.peer,
+            "tokens_per_s": tps, "tokens_per_s_rounds": [r.tokens_per_s for r in per_round],
+            "speedup": speedup,
+            "tokens": per_round[0].tokens,
+        }
+        plain_step = [b.target_seconds / b.target_calls for b in base if b.target_calls]
+        if not m.peer:
+            target_step = [r.target_seconds / r.target_calls for r in per_round if r.target_calls]
+            row["target_ms_per_call"] = 1000 * statistics.median(target_step) if target_step else None
+            # verify cost: one target call here relative to a 1-row call of plain decoding
+            row["verify_cost"] = (statistics.median(t / p for t, p in zip(target_step, plain_step))
+                                  if target_step and plain_step else None)
+        if m.family in ("draft", "early-exit", "prompt-lookup"):
+            steps = [s for r in per_round for s in r.steps]
+            drafted = sum(r.drafted for r in per_round)
+            accepted = sum(r.accepted for r in per_round)
+            num_drafts = sum(r.num_drafts for r in per_round)
+            target_calls = sum(r.target_calls for r in per_round)
+            acc_pos = _sum_lists([r.accepted_per_position for r in per_round])
+            dra_pos = _sum_lists([r.drafted_per_position for r in per_round])
+            alpha = alpha_from_steps(steps)
+            gamma_mean = drafted / num_drafts if num_drafts else 0.0
+            if m.family == "prompt-lookup":
+                cost = 0.0
+            else:
+                ratios = [(r.drafter_seconds / r.drafter_calls) / p
+                          for r, p in zip(per_round, plain_step) if r.drafter_calls and p]
+                cost = statistics.median(ratios) if ratios else None
+            bound = expected_speedup(alpha, gamma_mean, cost) if alpha is not None and cost is not None and gamma_mean else None
+            row.update({
+                "alpha": alpha,
+                "acceptance_rate": accepted / drafted if drafted else None,
+                "mean_accepted_length": sum(r.tokens for r in per_round) / target_calls if target_calls else None,
+                "gamma_mean": gamma_mean,
+                "draft_steps_fraction": num_drafts / target_calls if target_calls else None,
+                "per_position_acceptance": [a / d if d else None for a, d in zip(acc_pos, dra_pos)],
+                "accepted_per_position": acc_pos,
+                "drafted_per_position": dra_pos,
+                "cost": cost,
+                "drafter_ms_per_call": (1000 * statistics.median(r.drafter_seconds / r.drafter_calls for r in per_round
+                                                                 if r.drafter_calls)
+                                        if any(r.drafter_calls for r in per_round) else None),
+                "bound": bound,
+                "efficiency": speedup / bound if bound else None,
+            })
+        if m.greedy:
+            reference = BASELINE if not m.exact else PLAIN_EXACT
+            if reference in rounds[0]:
+                same = [r.outputs == rd[reference].outputs for r, rd in zip(per_round, rounds)]
+                per_prompt = [all(rd[m.name].outputs[i] == rd[reference].outputs[i] for rd in rounds)
+                              for i in range(len(per_round[0].outputs))]
+                row["equals_plain"] = all(same)
+                row["equals_plain_fraction"] = sum(per_prompt) / len(per_prompt)
+                row["equals_plain_reference"] = reference
+        rows.append(row)
+    return rows
+
+
+def _sum_lists(lists: list[list[int]]) -> list[int]:
+    out: list[int] = []
+    for values in lists:
+        out = _add_lists(out, values)
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def machine_description() -> dict[str, Any]:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info: dict[str, Any] = {
+        "cpu": model,
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        info["transformers"] = None
+    return info
+
+
+def run_bench(settings: BenchSettings, progress: bool = True) -> dict[str, Any]:
+    return Bench(settings, progress).run()

@@ -1,0 +1,59 @@
+"""Peers on the same weights: Hugging Face transformers' ``generate()`` plain, with
+``assistant_model`` (assisted generation) and with ``prompt_lookup_num_tokens``.
+
+transformers is a bench/test dependency only: importing this module raises ImportError without it.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from quickdraft.model.loader import parse_dtype
+
+
+def _load(path: Path, dtype: torch.dtype, device: str) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device).eval()
+    # Ignore EOS as our engines do in the bench, so every method generates max_new_tokens.
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+class HFPeer:
+    version = transformers.__version__
+
+    def __init__(self, target: Path, draft: Path | None, *, dtype: str = "fp32", device: str = "cpu") -> None:
+        torch_dtype = parse_dtype(dtype)
+        self.device = device
+        self.model = _load(target, torch_dtype, device)
+        self.assistant = _load(draft, torch_dtype, device) if draft is not None else None
+
+    def runner(self, method: Any, lookup_tokens: int):
+        def run(ids: list[int], max_new: int, seed: int) -> tuple[list[int], None]:
+            input_ids = torch.tensor([ids], device=self.device)
+            config = copy.deepcopy(self.model.generation_config)
+            config.update(max_new_tokens=max_new, pad_token_id=0, eos_token_id=None)
+            if method.greedy:
+                config.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+            else:
+                torch.manual_seed(seed)
+                config.update(do_sample=True, temperature=method.temperature, top_k=0, top_p=1.0)
+            kwargs: dict[str, Any] = {"attention_mask": torch.ones_like(input_ids), "generation_config": config}
+            if method.family == "hf-assisted":
+                kwargs["assistant_model"] = self.assistant
+            elif method.family == "hf-lookup":
+                config.update(prompt_lookup_num_tokens=lookup_tokens)
+            with torch.inference_mode(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out = self.model.generate(input_ids, **kwargs)
+            return out[0, len(ids):].tolist(), None
+
+        return run

@@ -1,0 +1,140 @@
+"""Bench output: JSON, a Markdown table, PNG plots (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+COLUMNS = (
+    ("method", "method"), ("decoding", "decoding"), ("tokens/s", "tokens_per_s"), ("speedup", "speedup"),
+    ("α", "alpha"), ("accepted/drafted", "acceptance_rate"), ("tokens/call", "mean_accepted_length"),
+    ("mean γ", "gamma_mean"), ("c", "cost"), ("verify cost", "verify_cost"), ("bound", "bound"),
+    ("efficiency", "efficiency"), ("= plain", "equals_plain_fraction"), ("per-position acceptance", "per_position_acceptance"),
+)
+
+
+def _fmt(key: str, value: Any) -> str:
+    if value is None:
+        return "–"
+    if key == "per_position_acceptance":
+        return " ".join("–" if v is None else f"{v:.2f}" for v in value)
+    if key == "equals_plain_fraction":
+        return "yes" if value == 1 else f"{value:.0%}"
+    if key == "speedup":
+        return f"{value:.2f}×"
+    if key == "tokens_per_s":
+        return f"{value:.1f}"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    lines = ["| " + " | ".join(h for h, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in report["results"]:
+        lines.append("| " + " | ".join(_fmt(k, row.get(k)) for _, k in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def markdown_report(report: dict[str, Any], command: str | None = None) -> str:
+    s, m = report["settings"], report["machine"]
+    t, d = report["target"], report["draft"]
+    out = []
+    if command:
+        out.append(f"Command: `{command}`\n")
+    out.append(f"Machine: {m['cpu']}, {m['cpus']} CPUs, torch {m['torch']} ({m['torch_threads']} threads), "
+               f"transformers {m.get('transformers') or 'not installed'}, Python {m['python']}.")
+    out.append(f"Target: {t['parameters'] / 1e6:.1f}M parameters ({t['layers']} layers, width {t['hidden_size']}); "
+               + (f"draft: {d['parameters'] / 1e6:.2f}M ({d['layers']} layers, width {d['hidden_size']})." if d else
+                  "no draft model."))
+    kinds: dict[str, int] = {}
+    for p in report["prompts"]:
+        kinds[p["kind"]] = kinds.get(p["kind"], 0) + 1
+    out.append(f"{len(report['prompts'])} prompts ({', '.join(f'{n} {k}' for k, n in kinds.items())}), "
+               f"{s['max_new_tokens']} new tokens each (EOS ignored), {s['dtype']}, {s['repeats']} measured rounds "
+               f"after a warm-up; medians. Wall time {report['wall_seconds']:.0f} s.\n")
+    out.append(markdown_table(report))
+    out.append("\nspeedup: tokens/s over our plain decoding (exact mode off, 1-row forwards) in the same round, "
+               "median over rounds. α: per-token acceptance probability, accepted / (accepted + rejections). "
+               "c: drafter forward / plain 1-row target forward. verify cost: one verifying target forward / a "
+               "plain 1-row forward. bound: (1 − α^(γ+1)) / ((1 − α)(γc + 1)) at the mean γ. "
+               "= plain: greedy output identical to plain greedy of the same mode (exact vs exact).")
+    for note in report.get("notes", []):
+        out.append(f"\nNote: {note}")
+    return "\n".join(out) + "\n"
+
+
+def write_outputs(report: dict[str, Any], out_dir: Path, command: str | None = None, plots: bool = True) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [out_dir / "bench.json", out_dir / "bench.md"]
+    written[0].write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+    written[1].write_text(markdown_report(report, command))
+    if plots:
+        written += plot_speedup_vs_gamma(report, out_dir / "speedup_vs_gamma.png")
+        written += plot_tokens_per_s(report, out_dir / "tokens_per_s.png")
+    return written
+
+
+def plot_speedup_vs_gamma(report: dict[str, Any], path: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report["results"] if r["family"] == "draft" and not r["exact"]]
+    if not rows:
+        return []
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
+    for decoding, colour in (("greedy", "tab:blue"), (None, "tab:orange")):
+        group = [r for r in rows if (r["decoding"] == "greedy") == (decoding == "greedy")]
+        fixed = sorted((r for r in group if isinstance(r["gamma"], int)), key=lambda r: r["gamma"])
+        label = group[0]["decoding"] if group else ""
+        if fixed:
+            ax.plot([r["gamma"] for r in fixed], [r["speedup"] for r in fixed], "o-", color=colour,
+                    label=f"measured, {label}")
+            ax.plot([r["gamma"] for r in fixed], [r["bound"] or float("nan") for r in fixed], "s--", color=colour,
+                    alpha=0.6, label=f"bound, {label}")
+        for r in group:
+            if r["gamma"] == "auto":
+                ax.axhline(r["speedup"], color=colour, linestyle=":", label=f"auto γ, {label}")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("γ (draft tokens per step)")
+    ax.set_ylabel("speedup over plain decoding")
+    ax.set_title("Draft-model speculation: measured vs Leviathan bound")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return [path]
+
+
+def plot_tokens_per_s(report: dict[str, Any], path: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report["results"] if not (r["family"] == "draft" and isinstance(r["gamma"], int))]
+    # keep the best fixed γ per decoding as well
+    for decoding in {r["decoding"] for r in report["results"]}:
+        fixed = [r for r in report["results"] if r["family"] == "draft" and isinstance(r["gamma"], int)
+                 and r["decoding"] == decoding]
+        if fixed:
+            rows.append(max(fixed, key=lambda r: r["tokens_per_s"]))
+    rows.sort(key=lambda r: (r["decoding"] != "greedy", r["peer"], r["method"]))
+    fig, ax = plt.subplots(figsize=(7.2, 0.32 * len(rows) + 1.2), dpi=100)
+    colours = ["tab:grey" if r["peer"] else ("tab:green" if r["family"] == "plain" else "tab:blue") for r in rows]
+    y = list(range(len(rows)))[::-1]
+    ax.barh(y, [r["tokens_per_s"] for r in rows], color=colours)
+    ax.set_yticks(y, [r["method"] for r in rows], fontsize=8)
+    for yi, r in zip(y, rows):
+        ax.text(r["tokens_per_s"], yi, f" {r['tokens_per_s']:.0f} ({r['speedup']:.2f}×)", va="center", fontsize=7)
+    ax.set_xlabel("tokens/s (median)")
+    ax.set_title("tokens/s per method (blue: quickdraft speculative, green: plain, grey: transformers)", fontsize=9)
+    ax.margins(x=0.2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return [path]

@@ -1,0 +1,81 @@
+"""`quickdraft bench` end to end on a tiny random pair, with tiny settings: the report has its
+structure and its plots, and greedy speculative outputs equal plain greedy. No timing asserts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from hf_factory import make_hf_checkpoint  # noqa: E402
+
+from quickdraft.bench.harness import alpha_from_steps, load_prompts  # noqa: E402
+from quickdraft.cli import main  # noqa: E402
+from quickdraft.model.loader import load_model  # noqa: E402
+from quickdraft.model.weights import save_pretrained  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("bench-pair")
+    target = make_hf_checkpoint("llama", root / "target", seed=11, num_hidden_layers=2, hidden_size=64)
+    # A related draft (the target plus noise) so that some drafts are accepted.
+    loaded = load_model(target, tokenizer=False)
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in loaded.model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.2 * p.std())
+    save_pretrained(loaded.model, root / "draft")
+    return target, root / "draft"
+
+
+def test_shipped_prompt_set_has_continuations_and_grounded_tasks() -> None:
+    prompts = load_prompts()
+    kinds = {p["kind"] for p in prompts}
+    assert kinds == {"continuation", "grounded"}
+    assert len({p["id"] for p in prompts}) == len(prompts)
+    assert {p["kind"] for p in load_prompts(limit=2)} == kinds  # a limit keeps both kinds
+
+
+def test_alpha_counts_a_fully_accepted_step_as_no_rejection() -> None:
+    assert alpha_from_steps([(4, 4)]) == 1.0
+    assert alpha_from_steps([(4, 1)]) == pytest.approx(1 / 2)  # one accepted, then one rejection
+    assert alpha_from_steps([(2, 2), (3, 0)]) == pytest.approx(2 / 3)
+    assert alpha_from_steps([]) is None
+
+
+def test_bench_reports_every_configuration_and_greedy_outputs_equal_plain(pair, tmp_path, capsys) -> None:
+    target, draft = pair
+    out = tmp_path / "out"
+    code = main(["bench", "--target", str(target), "--draft", str(draft), "--out", str(out), "--prompt-limit", "2",
+                 "--max-new-tokens", "10", "--repeats", "1", "--gammas", "1,3", "--sampling-gammas", "2",
+                 "--threads", "1"])
+    assert code == 0
+    assert "| method |" in capsys.readouterr().out
+    report = json.loads((out / "bench.json").read_text())
+    for name in ("bench.md", "speedup_vs_gamma.png", "tokens_per_s.png"):
+        assert (out / name).stat().st_size > 0
+    rows = {r["method"]: r for r in report["results"]}
+    expected = {"plain", "plain exact", "draft γ=1", "draft γ=3", "draft auto", "draft auto exact",
+                "early exit auto", "prompt lookup auto", "plain T=0.8", "draft γ=2 T=0.8", "draft auto T=0.8"}
+    assert expected <= set(rows)
+    assert rows["plain"]["speedup"] == pytest.approx(1.0)
+    for row in rows.values():
+        assert row["tokens"] == 2 * 10  # EOS ignored: every method generates max_new_tokens per prompt
+        assert row["tokens_per_s"] > 0
+        if row["family"] in ("draft", "early-exit", "prompt-lookup"):
+            for key in ("alpha", "acceptance_rate", "mean_accepted_length", "cost", "bound", "efficiency",
+                        "per_position_acceptance"):
+                assert key in row
+            assert row["cost"] is not None and row["cost"] >= 0
+            assert len(row["per_position_acceptance"]) <= 8
+        if row["decoding"] == "greedy" and not row["peer"]:
+            assert row["equals_plain"], f"{row['method']}: greedy output differs from plain greedy"
+    assert rows["draft γ=3"]["alpha"] > 0  # the related draft is sometimes right
+    if report["machine"]["transformers"]:
+        assert {"hf plain", "hf assisted", "hf prompt lookup (10)", "hf plain T=0.8"} <= set(rows)
