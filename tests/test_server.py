@@ -361,3 +361,12 @@ def test_load_report_percentiles_are_nearest_rank():
     assert percentile(values, 100) == 100.0
     assert percentile([3.0], 99) == 3.0
     assert percentile([], 50) is None
+
+
+def test_serve_is_a_quickdraft_subcommand():
+    from quickdraft.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--target", "some/dir", "--drafter", "prompt-lookup", "--port", "9000",
+                                      "--max-queue", "8", "--request-timeout", "30"])
+    assert (args.command, args.port, args.max_queue, args.request_timeout) == ("serve", 9000, 8, 30.0)
+    assert args.host == "127.0.0.1"

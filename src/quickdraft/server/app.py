@@ -33,6 +33,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from quickdraft.engine import Engine, StreamEvent
@@ -221,6 +222,7 @@ class EngineWorker:
     def __init__(self, engine: Engine, queue: RequestQueue, metrics: Metrics) -> None:
         self.engine, self.queue, self.metrics = engine, queue, metrics
         self.running = 0
+        self.current: GenerationJob | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -233,6 +235,9 @@ class EngineWorker:
     def stop(self, timeout: float = 5.0) -> None:
         for job in self.queue.close():
             job.emit(NotRun("shutdown"))
+        current = self.current
+        if current is not None:
+            current.cancel("shutdown")
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -248,6 +253,7 @@ class EngineWorker:
             job.emit(NotRun(job.cancel_reason or "cancelled"))
             return
         self.running += 1
+        self.current = job
         try:
             for event in self.engine.stream(job.prompt_ids, job.max_tokens, job.sampling, job.gamma, job.stop,
                                             cancelled=job.cancelled):
@@ -264,6 +270,7 @@ class EngineWorker:
             job.emit(exc)
         finally:
             job.finished = True
+            self.current = None
             self.running -= 1
 
 
@@ -404,7 +411,7 @@ def create_app(
     async def list_models() -> ModelList:
         return ModelList(data=[model_card()])
 
-    @app.get("/v1/models/{model}", response_model=ModelCard, responses={404: ERROR_RESPONSES[404]})
+    @app.get("/v1/models/{model:path}", response_model=ModelCard, responses={404: ERROR_RESPONSES[404]})
     async def retrieve_model(model: str) -> ModelCard:
         _check_model(model)
         return model_card()
@@ -426,7 +433,7 @@ def create_app(
     @app.post("/v1/completions", response_model=CompletionResponse, responses=post_responses)
     async def completions(body: CompletionRequest, request: Request):
         _check_model(body.model)
-        prompt_ids = _encode(body.prompt, "prompt")
+        prompt_ids = await run_in_threadpool(_encode, body.prompt, "prompt")
         max_tokens = _max_tokens(len(prompt_ids), body.max_tokens, "max_tokens", "prompt", default_to_rest=False)
         job = _submit(body, prompt_ids, max_tokens)
         echo = ""
@@ -449,11 +456,7 @@ def create_app(
                                 "ids", param="messages")
         messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
                     for m in body.messages]
-        try:
-            prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        except Exception as exc:  # the template is the model's code: any failure is about these messages
-            raise APIError(400, f"the model's chat template rejected these messages: {exc}", param="messages") from exc
-        prompt_ids = _encode(prompt, "messages")
+        prompt_ids = await run_in_threadpool(_encode_chat, messages)
         requested = body.max_completion_tokens or body.max_tokens
         param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
         max_tokens = _max_tokens(len(prompt_ids), requested, param, "messages", default_to_rest=True)
@@ -474,6 +477,14 @@ def create_app(
             raise APIError(404, f"the model {name!r} does not exist; this server serves {model_name!r}",
                            param="model", code="model_not_found")
 
+    def _encode_chat(messages: list[dict[str, str]]) -> list[int]:
+        try:
+            prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        except Exception as exc:  # the template is the model's code: any failure is about these messages
+            raise APIError(400, f"the model's chat template rejected these messages: {exc}", param="messages") from exc
+        return _encode(prompt, "messages")
+
+    # Tokenizing (up to max_body_bytes of text) runs in a thread pool, off the event loop.
     def _encode(prompt: str | list[int], param: str) -> list[int]:
         try:
             return engine.encode(prompt)
