@@ -77,8 +77,9 @@ class LoadReport:
         sec = lambda s: "n/a" if s is None else f"{s:.2f} s"  # noqa: E731
         model = (f"a RANDOM Llama pair, target 6 layers x 256, draft 1 x 64, char tokenizer (the embedded pair is not "
                  f"installed)" if self.random_model else self.model)
+        drafter = "the pair's draft model" if self.random_model else (self.drafter or "none")
         return [
-            f"model: {model}, drafter {self.drafter or 'none'}",
+            f"model: {model}; drafter: {drafter}",
             f"{self.clients} streaming clients for {self.duration_s:.0f} s, max_tokens {self.max_tokens}: "
             f"{self.requests} requests, {self.failed} failed, {self.unfinished} unfinished",
             f"time to first token: p50 {sec(self.ttft_p50_s)}, p99 {sec(self.ttft_p99_s)}",
@@ -261,7 +262,7 @@ async def _drive(requests: list[tuple[str, dict[str, Any]]], clients: int, durat
 
 
 def make_bodies(text: bool, max_tokens: int, vocab_size: int = 512) -> list[dict[str, Any]]:
-    """Greedy streaming requests: text prompts (completions and chat) or token-id prompts."""
+    """Streaming requests: text prompts (completions and chat) or token-id prompts."""
     if text:
         bodies = []
         for i, prompt in enumerate(TEXT_PROMPTS):
@@ -271,7 +272,10 @@ def make_bodies(text: bool, max_tokens: int, vocab_size: int = 512) -> list[dict
                 bodies.append({"prompt": prompt})
     else:
         bodies = [{"prompt": [(7 * i + 3 * j) % (vocab_size - 1) + 1 for j in range(24 + 4 * i)]} for i in range(6)]
-    return [{"model": "load", "max_tokens": max_tokens, "temperature": 0, "stream": True, **b} for b in bodies]
+    # Half greedy, half sampled (seeded): both verification paths run.
+    sampling = [{"temperature": 0}, {"temperature": 0.8, "top_p": 0.95, "seed": 1}]
+    return [{"model": "load", "max_tokens": max_tokens, "stream": True, **sampling[(i // 2) % 2], **b}
+            for i, b in enumerate(bodies)]
 
 
 def run_load(clients: int = 32, duration_s: float = 60.0, max_tokens: int = 32, target: str | None = None,
