@@ -70,13 +70,15 @@ class LoadReport:
     server_rss_after_warmup_bytes: int | None
     server_rss_end_bytes: int | None
     server_peak_rss_bytes: int | None
+    acceptance_rate: float | None = None  # over the whole run, from the server's counters
+    mean_accepted_length: float | None = None  # tokens per target forward
     machine: dict[str, Any] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         mib = lambda b: "n/a" if b is None else f"{b / 2**20:.0f} MiB"  # noqa: E731
         sec = lambda s: "n/a" if s is None else f"{s:.2f} s"  # noqa: E731
-        model = (f"a RANDOM Llama pair, target 6 layers x 256, draft 1 x 64, char tokenizer (the embedded pair is not "
-                 f"installed)" if self.random_model else self.model)
+        model = ("a RANDOM Llama pair (target 6 layers x 256; draft = its first 2 layers; char tokenizer): the "
+                 "embedded pair is not installed" if self.random_model else self.model)
         drafter = "the pair's draft model" if self.random_model else (self.drafter or "none")
         return [
             f"model: {model}; drafter: {drafter}",
@@ -85,6 +87,10 @@ class LoadReport:
             f"time to first token: p50 {sec(self.ttft_p50_s)}, p99 {sec(self.ttft_p99_s)}",
             f"total latency:       p50 {sec(self.latency_p50_s)}, p99 {sec(self.latency_p99_s)}",
             f"throughput: {self.generated_tokens} tokens in {self.wall_s:.1f} s = {self.tokens_per_s:.1f} tokens/s",
+            f"speculation (server counters, warm-up included): acceptance rate "
+            f"{'n/a' if self.acceptance_rate is None else f'{self.acceptance_rate:.2f}'}, "
+            f"{'n/a' if self.mean_accepted_length is None else f'{self.mean_accepted_length:.2f}'} tokens per target "
+            f"forward",
             f"server RSS: {mib(self.server_rss_after_warmup_bytes)} after warm-up, {mib(self.server_rss_end_bytes)} "
             f"at the end, peak {mib(self.server_peak_rss_bytes)}",
         ] + ([f"errors: {self.errors}"] if self.errors else [])
@@ -126,12 +132,38 @@ def choose_models(target: str | None, drafter: str | None, workdir: Path) -> tup
 
     if embedded_pair_available():
         return default_target_path(), drafter or default_draft_path(), False, True
-    from quickdraft.demo import _random_pair
-
-    random_target, random_draft = _random_pair(workdir)
-    for path in (random_target, random_draft):
-        _write_char_tokenizer(Path(path))
+    random_target, random_draft = random_pair(workdir)
     return random_target, drafter or random_draft, True, True
+
+
+def random_pair(workdir: Path, seed: int = 0) -> tuple[str, str]:
+    """A random Llama target (6 layers x 256) and a draft made of its first 2 layers (+ its embedding,
+    norm and head), with a character-level tokenizer. The weights are widened (as in the tests'
+    factory) so the text is not one repeated token and the draft agrees only partly (acceptance
+    about 0.4-0.6), as a trained pair would, rather than trivially always."""
+    import torch
+
+    from quickdraft.model.config import ModelConfig
+    from quickdraft.model.transformer import Transformer
+    from quickdraft.model.weights import save_pretrained
+
+    torch.manual_seed(seed)
+    shape = dict(model_type="llama", vocab_size=128, n_embd=256, n_head=4, n_kv_head=4, head_dim=64,
+                 intermediate_size=512, block_size=1024, norm_eps=1e-6, tie_word_embeddings=True)
+    target = Transformer(ModelConfig(n_layer=6, **shape))
+    with torch.no_grad():
+        for name, p in target.named_parameters():
+            if p.dim() == 2 and name.startswith("layers."):
+                p.mul_(3.0)
+        target.norm.weight.mul_(4.0)
+    draft = Transformer(ModelConfig(n_layer=2, **shape))
+    draft.load_state_dict({k: v for k, v in target.state_dict().items() if k in draft.state_dict()})
+    paths = []
+    for name, model in (("target", target), ("draft", draft)):
+        save_pretrained(model, workdir / name)
+        _write_char_tokenizer(workdir / name)
+        paths.append(str(workdir / name))
+    return paths[0], paths[1]
 
 
 def _write_char_tokenizer(model_dir: Path) -> None:
@@ -187,6 +219,17 @@ class ServerProcess:
 
     def peak_rss(self) -> int | None:
         return _proc_status(self.proc.pid, "VmHWM") if self.proc else None
+
+    def counters(self) -> dict[str, float]:
+        """The server's unlabelled Prometheus counters (quickdraft_num_draft_tokens_total ...)."""
+        import httpx
+
+        out = {}
+        for line in httpx.get(self.url + "/metrics", timeout=30).text.splitlines():
+            if line.startswith("quickdraft_") and "{" not in line:
+                name, value = line.split()
+                out[name.removeprefix("quickdraft_")] = float(value)
+        return out
 
     def __exit__(self, *exc_info) -> None:
         if self.proc and self.proc.poll() is None:
@@ -309,6 +352,7 @@ def run_load(clients: int = 32, duration_s: float = 60.0, max_tokens: int = 32, 
 
             records, unfinished, wall = asyncio.run(with_rss())
             rss_end, peak = server.rss(), server.peak_rss()
+            counters = server.counters()
     ok = [r for r in records if r.ok]
     errors: dict[str, int] = {}
     for r in records:
@@ -324,6 +368,10 @@ def run_load(clients: int = 32, duration_s: float = 60.0, max_tokens: int = 32, 
         latency_p50_s=percentile(totals, 50), latency_p99_s=percentile(totals, 99), generated_tokens=tokens,
         wall_s=wall, tokens_per_s=tokens / wall if wall > 0 else 0.0, server_rss_after_warmup_bytes=rss_warm,
         server_rss_end_bytes=rss_end, server_peak_rss_bytes=peak, machine=_machine(),
+        acceptance_rate=(counters.get("num_accepted_tokens_total", 0) / counters["num_draft_tokens_total"]
+                         if counters.get("num_draft_tokens_total") else None),
+        mean_accepted_length=(counters.get("generation_tokens_total", 0) / counters["num_target_calls_total"]
+                              if counters.get("num_target_calls_total") else None),
     )
 
 
