@@ -106,9 +106,12 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
             return f"the request body is not valid JSON ({reason})", None
         where = _param_name(err.get("loc", ()))
         message = err.get("msg", "invalid value")
+        if where == "body":  # no JSON object at all: missing, a list, or not sent as JSON
+            message = "the request body must be a JSON object, sent with Content-Type: application/json"
         if message not in by_param.setdefault(where, []):
             by_param[where].append(message)
-    parts = [f"{where}: {' or '.join(messages)}" for where, messages in list(by_param.items())[:3]]
+    parts = [(f"{where}: " if where != "body" else "") + " or ".join(messages)
+             for where, messages in list(by_param.items())[:3]]
     if len(by_param) > 3:
         parts.append(f"and {len(by_param) - 3} more")
     first = next(iter(by_param), "body")

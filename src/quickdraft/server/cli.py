@@ -56,6 +56,14 @@ def served_model_name(args: argparse.Namespace) -> str:
     return args.target or "quickdraft"
 
 
+def warm_up(engine) -> None:
+    """One short generation before the first client's: lazy initialisation is not its latency."""
+    try:
+        engine.generate([1], 2, gamma="auto" if engine.drafter is not None else 0)
+    except QuickdraftError as exc:
+        log.warning("warm-up generation failed: %s", exc)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -66,6 +74,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from quickdraft.cli import build_engine
 
     engine = build_engine(args)
+    warm_up(engine)
     name = served_model_name(args)
     app = create_app(engine, model_name=name, max_queue=args.max_queue, request_timeout_s=args.request_timeout,
                      max_body_bytes=args.max_body_bytes)
