@@ -370,3 +370,38 @@ def test_serve_is_a_quickdraft_subcommand():
                                       "--max-queue", "8", "--request-timeout", "30"])
     assert (args.command, args.port, args.max_queue, args.request_timeout) == ("serve", 9000, 8, 30.0)
     assert args.host == "127.0.0.1"
+
+
+def test_an_engine_failure_mid_stream_ends_the_stream_with_an_error_event(slow_engine):
+    from quickdraft.errors import QuickdraftError
+
+    def failing_stream(*args, **kwargs):
+        events = slow_engine_stream(*args, **kwargs)
+        yield next(events)
+        raise QuickdraftError("the engine gave up")
+
+    slow_engine_stream = slow_engine.stream
+    slow_engine.stream = failing_stream
+    try:
+        with BackgroundServer(create_app(slow_engine, model_name=MODEL)) as srv:
+            body = {"model": MODEL, "prompt": "hello", "max_tokens": 50, "temperature": 0, "stream": True}
+            with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=30) as response:
+                assert response.status_code == 200
+                lines = [line for line in response.iter_lines() if line]
+            assert lines[-1] == "data: [DONE]"
+            error = json.loads(lines[-2][len("data: "):])["error"]
+            assert error["message"] == "the engine gave up" and error["type"] == "invalid_request_error"
+            assert httpx.get(srv.url + "/health").json()["running"] == 0  # and the server goes on serving
+            ok = httpx.post(srv.url + "/v1/completions", json={**body, "stream": False}, timeout=30)
+            assert ok.status_code == 400  # the same failure, non-streamed: a status code, not a hang
+    finally:
+        slow_engine.stream = slow_engine_stream
+
+
+def test_echo_and_max_completion_tokens(client):
+    echoed = client.completions.create(model=MODEL, prompt="abc", max_tokens=5, temperature=0, echo=True)
+    plain = client.completions.create(model=MODEL, prompt="abc", max_tokens=5, temperature=0)
+    assert echoed.choices[0].text == "abc" + plain.choices[0].text
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                          max_completion_tokens=3, temperature=0)
+    assert chat.usage.completion_tokens <= 3
