@@ -1,5 +1,5 @@
-"""Benchmark harness: plain vs speculative vs peers on the same weights, one process, one report."""
+"""Benchmark harness: plain vs speculative vs peers on the same weights, one process, one report.
 
-from quickdraft.bench.harness import BenchSettings, load_prompts, run_bench
-
-__all__ = ["BenchSettings", "load_prompts", "run_bench"]
+``quickdraft.bench.harness`` holds the benchmark (``BenchSettings``, ``run_bench``); this package
+imports nothing heavy itself, so that ``quickdraft.bench.load`` stays light.
+"""
