@@ -332,24 +332,26 @@ def test_full_queue_answers_429_with_retry_after(slow_engine):
 
 
 def test_request_timeout_stops_generation_and_queued_requests_get_503(slow_engine):
-    slow_engine.step_seconds = 0.4  # the running request outlasts the queued one's deadline
-    with BackgroundServer(create_app(slow_engine, model_name=MODEL, request_timeout_s=0.6)) as srv:
-        body = {"model": MODEL, "prompt": "hello", "max_tokens": 400, "temperature": 0}
-        results: list[httpx.Response] = []
-        first = threading.Thread(target=lambda: results.append(httpx.post(srv.url + "/v1/completions", json=body,
-                                                                          timeout=30)))
-        first.start()
-        wait_for(lambda: httpx.get(srv.url + "/health").json()["running"] == 1)
-        queued = httpx.post(srv.url + "/v1/completions", json=body, timeout=30)
-        first.join(30)
-        assert queued.status_code == 503 and queued.json()["error"]["code"] == "queue_timeout"
-        assert "Retry-After" in queued.headers
-        timed_out = results[0]
-        assert timed_out.status_code == 200
-        assert timed_out.json()["choices"][0]["finish_reason"] == "length"
-        assert 0 < timed_out.json()["usage"]["completion_tokens"] < 400
-        assert metric(srv.url, "generations_cancelled_total", reason="timeout") == 2
-    slow_engine.step_seconds = 0.02
+    slow_engine.step_seconds = 1.5  # the running request outlasts the queued one's deadline by ~1 s
+    try:
+        with BackgroundServer(create_app(slow_engine, model_name=MODEL, request_timeout_s=0.6)) as srv:
+            body = {"model": MODEL, "prompt": "hello", "max_tokens": 400, "temperature": 0}
+            results: list[httpx.Response] = []
+            first = threading.Thread(target=lambda: results.append(httpx.post(srv.url + "/v1/completions", json=body,
+                                                                              timeout=30)))
+            first.start()
+            wait_for(lambda: httpx.get(srv.url + "/health").json()["running"] == 1)
+            queued = httpx.post(srv.url + "/v1/completions", json=body, timeout=30)
+            first.join(30)
+            assert queued.status_code == 503 and queued.json()["error"]["code"] == "queue_timeout"
+            assert "Retry-After" in queued.headers
+            timed_out = results[0]
+            assert timed_out.status_code == 200
+            assert timed_out.json()["choices"][0]["finish_reason"] == "length"
+            assert 0 < timed_out.json()["usage"]["completion_tokens"] < 400
+            assert metric(srv.url, "generations_cancelled_total", reason="timeout") == 2
+    finally:
+        slow_engine.step_seconds = 0.02
 
 
 def test_load_report_percentiles_are_nearest_rank():
