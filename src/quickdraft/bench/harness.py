@@ -63,7 +63,8 @@ class BenchSettings:
     early_exit: str | None = "early-exit"  # drafter spec, None to skip
     prompt_lookup: str | None = "prompt-lookup"
     peers: bool = True  # transformers generate(): plain, assisted, prompt lookup
-    full_sampling: bool = True  # sampling runs of every method; False: plain, draft auto, hf plain, hf assisted
+    full_sampling: bool = True  # sampling runs of every method; False: plain, draft auto (early exit
+    # without a draft model), hf plain, hf assisted
     hf_lookup_tokens: int = 10  # prompt_lookup_num_tokens for the transformers peer (its docs' value)
     threads: int | None = None
     seed: int = 0
@@ -277,11 +278,11 @@ class Bench:
                     add(f"draft γ={g}{suffix}", "draft", g, False, temperature)
                 for exact in modes if full else [False]:
                     add(f"draft auto{' exact' if exact else ''}{suffix}", "draft", "auto", exact, temperature)
-            if not full:
+            if not full and draft is not None:
                 continue
             if s.early_exit and target.config.n_layer > 1:
                 add(f"early exit auto{suffix}", "early-exit", "auto", False, temperature)
-            if s.prompt_lookup:
+            if s.prompt_lookup and full:
                 add(f"prompt lookup auto{suffix}", "prompt-lookup", "auto", False, temperature)
         if draft is None:
             self.notes.append("no draft model given: draft-model speculation and the assisted peer were skipped")
@@ -438,7 +439,12 @@ def summarize(methods: list[Method], rounds: list[dict[str, RoundResult]]) -> li
                 ratios = [(r.drafter_seconds / r.drafter_calls) / p
                           for r, p in zip(per_round, plain_step) if r.drafter_calls and p]
                 cost = statistics.median(ratios) if ratios else None
-            bound = expected_speedup(alpha, gamma_mean, cost) if alpha is not None and cost is not None and gamma_mean else None
+            known = alpha is not None and cost is not None and gamma_mean > 0
+            bound = expected_speedup(alpha, gamma_mean, cost) if known else None
+            # The same bound with the verifying forward's measured cost in place of Leviathan's
+            # assumption that it costs one plain step: what is left after that is overhead.
+            verify = row.get("verify_cost")
+            bound_verify = bound * (gamma_mean * cost + 1) / (gamma_mean * cost + verify) if known and verify else None
             row.update({
                 "alpha": alpha,
                 "acceptance_rate": accepted / drafted if drafted else None,
@@ -454,6 +460,7 @@ def summarize(methods: list[Method], rounds: list[dict[str, RoundResult]]) -> li
                                         if any(r.drafter_calls for r in per_round) else None),
                 "bound": bound,
                 "efficiency": speedup / bound if bound else None,
+                "bound_with_verify_cost": bound_verify,
             })
         if m.greedy:
             reference = BASELINE if not m.exact else PLAIN_EXACT

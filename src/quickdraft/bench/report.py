@@ -10,7 +10,7 @@ COLUMNS = (
     ("method", "method"), ("decoding", "decoding"), ("tokens/s", "tokens_per_s"), ("speedup", "speedup"),
     ("α", "alpha"), ("accepted/drafted", "acceptance_rate"), ("tokens/call", "mean_accepted_length"),
     ("mean γ", "gamma_mean"), ("c", "cost"), ("verify cost", "verify_cost"), ("bound", "bound"),
-    ("efficiency", "efficiency"), ("= plain", "equals_plain_fraction"), ("per-position acceptance", "per_position_acceptance"),
+    ("efficiency", "efficiency"), ("bound (verify cost)", "bound_with_verify_cost"), ("= plain", "equals_plain_fraction"), ("per-position acceptance", "per_position_acceptance"),
 )
 
 
@@ -58,7 +58,8 @@ def markdown_report(report: dict[str, Any], command: str | None = None) -> str:
     out.append("\nspeedup: tokens/s over our plain decoding (exact mode off, 1-row forwards) in the same round, "
                "median over rounds. α: per-token acceptance probability, accepted / (accepted + rejections). "
                "c: drafter forward / plain 1-row target forward. verify cost: one verifying target forward / a "
-               "plain 1-row forward. bound: (1 − α^(γ+1)) / ((1 − α)(γc + 1)) at the mean γ. "
+               "plain 1-row forward (Leviathan's bound assumes 1). bound: (1 − α^(γ+1)) / ((1 − α)(γc + 1)) at the "
+               "mean γ; efficiency = speedup / bound; bound (verify cost): the same with γc + verify cost below. "
                "= plain: greedy output identical to plain greedy of the same mode (exact vs exact).")
     for note in report.get("notes", []):
         out.append(f"\nNote: {note}")
@@ -95,6 +96,9 @@ def plot_speedup_vs_gamma(report: dict[str, Any], path: Path) -> list[Path]:
                     label=f"measured, {label}")
             ax.plot([r["gamma"] for r in fixed], [r["bound"] or float("nan") for r in fixed], "s--", color=colour,
                     alpha=0.6, label=f"bound, {label}")
+            ax.plot([r["gamma"] for r in fixed], [r.get("bound_with_verify_cost") or float("nan") for r in fixed],
+                    "^:", color=colour, alpha=0.6, label=f"bound with measured verify cost, {label}")
+            ax.set_xticks(sorted({r["gamma"] for r in rows if isinstance(r["gamma"], int)}))
         for r in group:
             if r["gamma"] == "auto":
                 ax.axhline(r["speedup"], color=colour, linestyle=":", label=f"auto γ, {label}")
