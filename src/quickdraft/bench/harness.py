@@ -379,6 +379,7 @@ class Bench:
             rounds.append(results)
         bar.close()
         rows = summarize(methods, rounds)
+        headline = headline_figures(rows)
         return {
             "settings": _jsonable(asdict(s)),
             "machine": machine_description(),
@@ -388,6 +389,7 @@ class Bench:
             "draft": None if draft is None else {"path": str(draft.path), "parameters": draft.n_params,
                                                  "layers": draft.config.n_layer, "hidden_size": draft.config.n_embd},
             "baseline": BASELINE,
+            "headline": headline,
             "results": rows,
             "notes": self.notes,
             "wall_seconds": time.perf_counter() - started,
@@ -473,6 +475,44 @@ def summarize(methods: list[Method], rounds: list[dict[str, RoundResult]]) -> li
                 row["equals_plain_reference"] = reference
         rows.append(row)
     return rows
+
+
+def headline_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures the acceptance criteria name: best speculative speedups (greedy, sampling), the
+    efficiency at the best fixed γ, quickdraft vs transformers' assisted generation and plain."""
+    def best(decoding: str, families: tuple[str, ...], exact: bool = False) -> dict[str, Any] | None:
+        group = [r for r in rows if r["family"] in families and r["exact"] == exact
+                 and (r["decoding"] == "greedy") == (decoding == "greedy")]
+        return max(group, key=lambda r: r["speedup"]) if group else None
+
+    def named(name: str) -> dict[str, Any] | None:
+        return next((r for r in rows if r["method"] == name), None)
+
+    out: dict[str, Any] = {}
+    speculative = ("draft", "early-exit", "prompt-lookup")
+    for decoding in ("greedy", "sampling"):
+        b = best(decoding, speculative)
+        if b is not None:
+            out[f"best_{decoding}"] = {"method": b["method"], "speedup": b["speedup"], "tokens_per_s": b["tokens_per_s"]}
+        d = best(decoding, ("draft",))
+        if d is not None:
+            out[f"best_draft_{decoding}"] = {"method": d["method"], "speedup": d["speedup"],
+                                             "tokens_per_s": d["tokens_per_s"], "efficiency": d.get("efficiency")}
+        e = best(decoding, ("draft",), exact=True)
+        if e is not None:
+            out[f"best_draft_{decoding}_exact"] = {"method": e["method"], "speedup": e["speedup"],
+                                                   "tokens_per_s": e["tokens_per_s"]}
+        suffix = "" if decoding == "greedy" else next((r["method"][r["method"].index(" T="):] for r in rows
+                                                      if r["method"].startswith("plain T=")), None)
+        if suffix is None:
+            continue
+        assisted, hf_plain = named("hf assisted" + suffix), named("hf plain" + suffix)
+        if d is not None and assisted is not None:
+            out[f"vs_hf_assisted_{decoding}"] = d["tokens_per_s"] / assisted["tokens_per_s"]
+        plain = named("plain" + suffix)
+        if plain is not None and hf_plain is not None:
+            out[f"plain_vs_hf_plain_{decoding}"] = plain["tokens_per_s"] / hf_plain["tokens_per_s"]
+    return out
 
 
 def _sum_lists(lists: list[list[int]]) -> list[int]:

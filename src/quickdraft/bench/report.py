@@ -54,6 +54,9 @@ def markdown_report(report: dict[str, Any], command: str | None = None) -> str:
     out.append(f"{len(report['prompts'])} prompts ({', '.join(f'{n} {k}' for k, n in kinds.items())}), "
                f"{s['max_new_tokens']} new tokens each (EOS ignored), {s['dtype']}, {s['repeats']} measured rounds "
                f"after a warm-up; medians. Wall time {report['wall_seconds']:.0f} s.\n")
+    headline = headline_lines(report.get("headline", {}))
+    if headline:
+        out.append("\n".join(headline) + "\n")
     out.append(markdown_table(report))
     out.append("\nspeedup: tokens/s over our plain decoding (exact mode off, 1-row forwards) in the same round, "
                "median over rounds. α: per-token acceptance probability, accepted / (accepted + rejections). "
@@ -64,6 +67,29 @@ def markdown_report(report: dict[str, Any], command: str | None = None) -> str:
     for note in report.get("notes", []):
         out.append(f"\nNote: {note}")
     return "\n".join(out) + "\n"
+
+
+def headline_lines(h: dict[str, Any]) -> list[str]:
+    lines = []
+    for decoding in ("greedy", "sampling"):
+        label = "greedy" if decoding == "greedy" else "sampling"
+        d = h.get(f"best_draft_{decoding}")
+        if d:
+            eff = f", efficiency {d['efficiency']:.2f}" if d.get("efficiency") is not None else ""
+            lines.append(f"- {label}: best draft-model speculation **{d['speedup']:.2f}×** our plain decoding "
+                         f"({d['method']}, {d['tokens_per_s']:.1f} tokens/s{eff})")
+        e = h.get(f"best_draft_{decoding}_exact")
+        if e:
+            lines.append(f"- {label}, exact mode: {e['speedup']:.2f}× ({e['method']})")
+        b = h.get(f"best_{decoding}")
+        if b and (not d or b["method"] != d["method"]):
+            lines.append(f"- {label}: best of all drafters {b['speedup']:.2f}× ({b['method']})")
+        if f"vs_hf_assisted_{decoding}" in h:
+            lines.append(f"- {label}: best draft-model tokens/s / transformers assisted generation = "
+                         f"**{h[f'vs_hf_assisted_{decoding}']:.2f}×**")
+        if f"plain_vs_hf_plain_{decoding}" in h:
+            lines.append(f"- {label}: our plain / transformers plain tokens/s = {h[f'plain_vs_hf_plain_{decoding}']:.2f}×")
+    return lines
 
 
 def write_outputs(report: dict[str, Any], out_dir: Path, command: str | None = None, plots: bool = True) -> list[Path]:
