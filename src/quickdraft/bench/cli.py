@@ -35,6 +35,8 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--gammas", type=_int_list, help="fixed γ values for greedy draft-model runs, e.g. 1,2,4")
     p.add_argument("--sampling-gammas", type=_int_list, help="fixed γ values for sampling runs")
     p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)")
+    p.add_argument("--max-gamma", type=int, help="the engines' max_gamma (default 8); exact mode's row bucket "
+                   "is at least max_gamma + 1")
     p.add_argument("--no-peers", action="store_true", help="skip transformers' generate()")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--no-plots", action="store_true")
@@ -61,7 +63,7 @@ def settings_from_args(args: argparse.Namespace):
             draft = default_draft_path()
     overrides = {k: v for k, v in dict(
         prompts=args.prompts, prompt_limit=args.prompt_limit, max_new_tokens=args.max_new_tokens,
-        repeats=args.repeats, gammas=args.gammas, sampling_gammas=args.sampling_gammas, threads=args.threads,
+        repeats=args.repeats, gammas=args.gammas, max_gamma=args.max_gamma, sampling_gammas=args.sampling_gammas, threads=args.threads,
     ).items() if v is not None}
     common = dict(target=target, draft=draft, dtype=args.dtype, device=args.device, exact=not args.no_exact,
                   early_exit=early_exit, prompt_lookup=prompt_lookup, peers=not args.no_peers,

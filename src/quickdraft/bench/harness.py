@@ -59,6 +59,7 @@ class BenchSettings:
     gammas: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
     sampling_gammas: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
     temperature: float = 0.8
+    max_gamma: int = 8  # the engines' max_gamma: the largest γ, and exact mode's row bucket (>= max_gamma + 1)
     exact: bool = True  # also run exact-mode variants (reported beside, never as the baseline)
     early_exit: str | None = "early-exit"  # drafter spec, None to skip
     prompt_lookup: str | None = "prompt-lookup"
@@ -256,7 +257,7 @@ class Bench:
                     drafter = RecordingDrafter(make_drafter(s.early_exit, target))
                 elif kind == "prompt-lookup":
                     drafter = RecordingDrafter(make_drafter(s.prompt_lookup, target))
-                e = Engine(target, drafter, exact=exact, dtype=s.dtype, device=s.device)
+                e = Engine(target, drafter, exact=exact, dtype=s.dtype, device=s.device, max_gamma=s.max_gamma)
                 if exact and not e.exact:
                     raise QuickdraftError("exact mode is unavailable on this platform; rerun with --no-exact")
                 e.eos_token_ids = frozenset()  # ignore EOS: every method generates max_new_tokens
@@ -267,7 +268,11 @@ class Bench:
             method = Method(name, family, gamma, exact, temperature)
             runs.append((method, OurRunner(engine(family, exact), method)))
 
+        too_big = sorted({g for g in (*s.gammas, *s.sampling_gammas) if g > s.max_gamma})
+        if too_big:
+            self.notes.append(f"γ {too_big} skipped: above max_gamma {s.max_gamma}")
         for temperature, gammas in ((0.0, s.gammas), (s.temperature, s.sampling_gammas)):
+            gammas = [g for g in gammas if g <= s.max_gamma]
             suffix = "" if temperature == 0 else f" T={temperature:g}"
             full = temperature == 0 or s.full_sampling
             for exact in modes if full else [False]:
@@ -286,6 +291,10 @@ class Bench:
                 add(f"prompt lookup auto{suffix}", "prompt-lookup", "auto", False, temperature)
         if draft is None:
             self.notes.append("no draft model given: draft-model speculation and the assisted peer were skipped")
+        exact_rows = {e.exact_rows for (_, exact), e in engines.items() if exact}
+        if exact_rows:
+            self.notes.append(f"exact mode: every target forward after prefill runs {exact_rows.pop()} rows "
+                              f"(max_gamma {s.max_gamma})")
         return runs
 
     def _peers(self, target: LoadedModel, draft: LoadedModel | None) -> list[tuple[Method, Callable]]:
