@@ -37,6 +37,9 @@ def hf_config(arch: str, vocab_size: int = 96, num_hidden_layers: int = 3, hidde
         )
     else:
         raise ValueError(arch)
+    # No EOS unless a test asks for one: generations then run to max_new_tokens.
+    cfg.eos_token_id = overrides.pop("eos_token_id", None)
+    cfg.bos_token_id = overrides.pop("bos_token_id", None)
     for key, value in overrides.items():
         setattr(cfg, key, value)
     return cfg

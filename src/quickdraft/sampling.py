@@ -11,6 +11,9 @@ import torch
 from quickdraft.errors import SamplingParamsError
 
 
+MIN_TEMPERATURE = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0  # 0 means greedy (argmax), not "a very small temperature"
@@ -30,7 +33,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        # Below MIN_TEMPERATURE the distribution is a point mass in fp32 anyway (as in vLLM).
+        return self.temperature < MIN_TEMPERATURE
 
 
 GREEDY = SamplingParams()
@@ -53,7 +57,8 @@ def probabilities(logits: torch.Tensor, params: SamplingParams, vocab_limit: int
     logits = mask_padded_vocab(logits.float(), vocab_limit)
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = logits / params.temperature
+    # Shift so the maximum is 0 before dividing: a tiny temperature then gives -inf, never inf - inf = NaN.
+    logits = (logits - logits.max(dim=-1, keepdim=True).values) / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -62,7 +67,9 @@ def probabilities(logits: torch.Tensor, params: SamplingParams, vocab_limit: int
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         # Keep the smallest prefix whose mass reaches top_p: a token goes when the mass before it does.
         mass_before = sorted_probs.cumsum(-1) - sorted_probs
-        sorted_probs = sorted_probs.masked_fill(mass_before >= params.top_p, 0.0)
+        drop = mass_before >= params.top_p
+        drop[..., 0] = False  # the most likely token always stays, however small top_p is
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs

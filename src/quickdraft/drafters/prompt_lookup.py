@@ -45,9 +45,19 @@ class PromptLookupDrafter(Drafter):
         for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
             start = self._index[n].get(tuple(tokens[-n:]))
             if start is not None:
-                return Draft(tokens[start + n : start + n + k], None)
+                return Draft(_copy_forward(tokens, start + n, k), None)
         return Draft([], None)
 
     @property
     def relative_cost_hint(self) -> float:
         return 0.0
+
+
+def _copy_forward(tokens: list[int], source: int, k: int) -> list[int]:
+    """k tokens copied from ``source`` on. A copy that reaches the end of the context continues
+    from its own output: a match just before the suffix means a repeating pattern, so repeat it."""
+    out: list[int] = []
+    for i in range(k):
+        j = source + i
+        out.append(tokens[j] if j < len(tokens) else out[j - len(tokens)])
+    return out

@@ -1,0 +1,46 @@
+"""Shared fixtures: tiny random checkpoints written by transformers, loaded once per session."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+# The test models are tiny: one thread is fastest, and pytest-xdist's workers share the cores.
+torch.set_num_threads(1)
+
+from hf_factory import make_hf_checkpoint  # noqa: E402
+
+from quickdraft.model.loader import LoadedModel, load_model  # noqa: E402
+from quickdraft.model.weights import save_pretrained  # noqa: E402
+
+
+def perturbed_copy(source: Path, out_dir: Path, noise: float, seed: int) -> Path:
+    """A 'related' draft: the target's weights plus relative Gaussian noise."""
+    loaded = load_model(source, tokenizer=False)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in loaded.model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * noise * p.std())
+    save_pretrained(loaded.model, out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("checkpoints")
+    target = make_hf_checkpoint("llama", root / "target", seed=1)
+    return {
+        "target": target,
+        "related": perturbed_copy(target, root / "related", noise=0.1, seed=3),
+        "unrelated": make_hf_checkpoint("llama", root / "unrelated", seed=2, num_hidden_layers=1, hidden_size=32),
+    }
+
+
+@pytest.fixture(scope="session")
+def models(checkpoints) -> dict[str, LoadedModel]:
+    return {name: load_model(path) for name, path in checkpoints.items()}

@@ -1,0 +1,173 @@
+"""Edge cases of the decode loop: EOS inside an accepted run, max_new_tokens mid-draft, stop
+strings across step boundaries, streaming, and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf_factory import make_hf_checkpoint
+from quickdraft import Engine, QuickdraftError, SamplingParams
+from quickdraft.errors import ContextLengthError, SamplingParamsError, VocabularyMismatchError
+from quickdraft.model.loader import load_model
+from tokenizer_factory import write_char_tokenizer
+
+PROMPT = "def main():\n"
+
+
+@pytest.fixture(scope="module")
+def text_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("text_pair")
+    target = make_hf_checkpoint("llama", root / "target", seed=21)
+    write_char_tokenizer(target)
+    draft = make_hf_checkpoint("llama", root / "draft", seed=22, num_hidden_layers=1, hidden_size=32)
+    write_char_tokenizer(draft)
+    return load_model(target), load_model(draft)
+
+
+def test_eos_inside_an_accepted_run_ends_generation_there(text_pair):
+    target, _ = text_pair
+    engine = Engine(target, target)  # the target as its own draft: every draft token is accepted
+    free_run = engine.generate(PROMPT, 60, gamma=0)
+    eos = free_run.token_ids[21]
+    first_eos = free_run.token_ids.index(eos)
+    engine.eos_token_ids = frozenset({eos})
+    plain = engine.generate(PROMPT, 60, gamma=0)
+    for gamma in (3, 8):
+        spec = engine.generate(PROMPT, 60, gamma=gamma)
+        assert spec.stats.acceptance_rate == 1.0
+        assert spec.token_ids == plain.token_ids == free_run.token_ids[: first_eos + 1]
+        assert spec.finish_reason == plain.finish_reason == "stop"
+        assert spec.stats.generated_tokens == first_eos + 1
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 13, 37])
+def test_max_new_tokens_reached_mid_draft(text_pair, max_new_tokens):
+    target, _ = text_pair
+    engine = Engine(target, target)
+    plain = engine.generate(PROMPT, max_new_tokens, gamma=0)
+    spec = engine.generate(PROMPT, max_new_tokens, gamma=8)
+    assert spec.token_ids == plain.token_ids
+    assert len(spec.token_ids) == max_new_tokens
+    assert spec.finish_reason == "length"
+
+
+@pytest.mark.parametrize("offset", [7, 9, 10, 11, 24])
+def test_stop_string_spanning_a_step_boundary(text_pair, offset):
+    target, draft = text_pair
+    engine = Engine(target, draft)
+    reference = engine.generate(PROMPT, 48, gamma=0).text
+    stop = reference[offset : offset + 3]
+    cut = reference.find(stop)
+    plain = engine.generate(PROMPT, 48, gamma=0, stop=[stop])
+    for gamma in (2, 4):
+        streamed, result = "", None
+        for event in engine.stream(PROMPT, 48, gamma=gamma, stop=[stop]):
+            streamed += event.text
+            result = event.result
+        assert result.text == streamed == plain.text == reference[:cut]
+        assert result.token_ids == plain.token_ids
+        assert result.finish_reason == "stop"
+
+
+def test_stream_deltas_concatenate_to_the_text(text_pair):
+    target, draft = text_pair
+    engine = Engine(target, draft)
+    events = list(engine.stream(PROMPT, 40, gamma="auto"))
+    result = events[-1].result
+    assert "".join(e.text for e in events) == result.text
+    assert [t for e in events for t in e.token_ids] == result.token_ids
+
+
+def test_statistics_add_up(text_pair):
+    target, draft = text_pair
+    result = Engine(target, draft).generate(PROMPT, 50, gamma=4)
+    s = result.stats
+    assert s.generated_tokens == 50
+    assert s.accepted == sum(s.accepted_per_position)
+    assert s.drafted == sum(s.drafted_per_position)
+    # every target call commits its accepted drafts plus exactly one token of its own
+    assert s.generated_tokens <= s.accepted + s.target_calls
+    assert s.drafter_calls >= s.num_drafts
+    assert 0 <= s.acceptance_rate <= 1
+    assert s.target_seconds + s.drafter_seconds <= s.decode_seconds
+
+
+def test_prompt_longer_than_context_fails_before_compute(text_pair):
+    target, _ = text_pair
+    engine = Engine(target, None, context_length=32)
+    with pytest.raises(ContextLengthError, match="the prompt has 40 tokens, but the context holds 32"):
+        engine.generate("x" * 40, 4)
+    with pytest.raises(ContextLengthError, match="lower max_new_tokens to at most 12"):
+        engine.generate("x" * 20, 13)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(temperature=-0.5), "temperature must be"),
+        (dict(temperature=float("nan")), "temperature must be"),
+        (dict(top_p=0.0), "top_p must be in"),
+        (dict(top_p=1.5), "top_p must be in"),
+        (dict(top_k=-1), "top_k must be"),
+        (dict(seed=-3), "seed must be"),
+    ],
+)
+def test_invalid_sampling_parameters_are_refused(kwargs, message):
+    with pytest.raises(SamplingParamsError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_tiny_temperature_samples_the_argmax_without_nan(text_pair):
+    target, _ = text_pair
+    engine = Engine(target, None)
+    greedy = engine.generate(PROMPT, 20, gamma=0)
+    cold = engine.generate(PROMPT, 20, SamplingParams(temperature=5e-324, seed=1), gamma=0)
+    assert cold.token_ids == greedy.token_ids
+
+
+@pytest.mark.parametrize("gamma", [-1, 2.5, "fast", 99])
+def test_invalid_gamma_is_refused(text_pair, gamma):
+    target, draft = text_pair
+    with pytest.raises(QuickdraftError, match="gamma"):
+        Engine(target, draft).generate(PROMPT, 4, gamma=gamma)
+
+
+def test_bad_prompts_and_lengths_are_refused(text_pair):
+    target, _ = text_pair
+    engine = Engine(target, None)
+    with pytest.raises(QuickdraftError, match="empty"):
+        engine.generate([], 4)
+    with pytest.raises(QuickdraftError, match="outside the vocabulary"):
+        engine.generate([5, 96], 4)
+    with pytest.raises(QuickdraftError, match="max_new_tokens"):
+        engine.generate(PROMPT, 0)
+
+
+def test_incompatible_vocabularies_name_the_first_differing_tokens(text_pair, tmp_path):
+    target, _ = text_pair
+    other = make_hf_checkpoint("llama", tmp_path / "other", seed=5)
+    write_char_tokenizer(other)
+    tokenizer_file = other / "tokenizer.json"
+    spec = json.loads(tokenizer_file.read_text())
+    spec["model"]["vocab"]["a2"] = spec["model"]["vocab"].pop("A")  # same size, one token differs
+    tokenizer_file.write_text(json.dumps(spec))
+    with pytest.raises(VocabularyMismatchError, match=r"at 1 ids, first: id 35: target 'A' vs draft 'a2'"):
+        Engine(target, str(other))
+
+
+def test_a_drafter_larger_than_the_target_warns(text_pair, tmp_path, caplog):
+    target, _ = text_pair
+    big = make_hf_checkpoint("llama", tmp_path / "big", seed=6, hidden_size=128)
+    write_char_tokenizer(big)
+    Engine(target, str(big))
+    assert "not smaller than the target" in caplog.text
+
+
+def test_subnormal_top_p_keeps_the_most_likely_token(text_pair):
+    target, _ = text_pair
+    engine = Engine(target, None)
+    greedy = engine.generate(PROMPT, 12, gamma=0)
+    narrow = engine.generate(PROMPT, 12, SamplingParams(temperature=1.0, top_p=5e-324, seed=3), gamma=0)
+    assert narrow.token_ids == greedy.token_ids

@@ -1,0 +1,74 @@
+"""Greedy speculative output equals the engine's own plain greedy output, bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quickdraft import Engine
+from quickdraft.model.loader import load_model
+
+N_PROMPTS = 20
+NEW_TOKENS = 128
+GAMMAS = (1, 2, 4, 8, "auto")
+
+
+def prompts(n: int = N_PROMPTS) -> list[list[int]]:
+    g = torch.Generator().manual_seed(42)
+    return [torch.randint(0, 96, (int(torch.randint(2, 24, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+
+
+@pytest.fixture(scope="module", params=["fp32", "bf16"])
+def dtype_models(request, checkpoints):
+    return request.param, {name: load_model(path, dtype=request.param) for name, path in checkpoints.items()}
+
+
+# (drafter, the mean acceptance range that proves it is the kind of drafter it claims to be)
+DRAFTERS = {
+    "self": (1.0, 1.0),  # the target as its own draft: every step accepts everything
+    "related": (0.3, 0.99),  # the target's weights plus noise
+    "unrelated": (0.0, 0.2),  # a different random model: almost every step rejects
+    "early-exit:1": (0.0, 1.0),
+    "prompt-lookup": (0.0, 1.0),
+}
+
+
+def test_greedy_speculative_equals_plain_greedy(dtype_models):
+    dtype, loaded = dtype_models
+    engines = {}
+    for name in DRAFTERS:
+        drafter = {"self": loaded["target"], "related": loaded["related"], "unrelated": loaded["unrelated"]}.get(name, name)
+        engines[name] = Engine(loaded["target"], drafter)
+        assert engines[name].exact, f"exact mode unavailable for {dtype} on this platform"
+    acceptance: dict[str, list[float]] = {name: [] for name in DRAFTERS}
+    for prompt in prompts():
+        plain = engines["self"].generate(prompt, NEW_TOKENS, gamma=0)
+        assert len(plain.token_ids) == NEW_TOKENS
+        for name, engine in engines.items():
+            for gamma in GAMMAS:
+                spec = engine.generate(prompt, NEW_TOKENS, gamma=gamma)
+                assert spec.token_ids == plain.token_ids, f"{dtype} {name} gamma={gamma} prompt={prompt}"
+                acceptance[name].append(spec.stats.acceptance_rate)
+    for name, (low, high) in DRAFTERS.items():
+        mean = sum(acceptance[name]) / len(acceptance[name])
+        assert low <= mean <= high, f"{name}: mean acceptance {mean:.3f} outside [{low}, {high}]"
+
+
+def test_exact_mode_rows_are_bit_identical_wherever_the_token_sits(models):
+    """The premise of exact mode, on the model's actual shapes: one token's logits do not depend
+    on its row among the bucket's rows, nor on the other rows."""
+    engine = Engine(models["target"], None)
+    rows = engine.exact_rows
+    model = engine.model
+    prefix = torch.randint(0, 96, (1, 20), generator=torch.Generator().manual_seed(0))
+    token = 17
+    results = []
+    with torch.inference_mode():
+        for index in range(rows):
+            cache = model.new_cache(128)
+            model(prefix[:, : 20 - index], 0, cache)
+            row_tokens = prefix[0, 20 - index :].tolist() + [token]
+            row_tokens += torch.randint(0, 96, (rows - len(row_tokens),)).tolist()
+            logits = model(torch.tensor([row_tokens]), 20 - index, cache, full_window=True)
+            results.append(logits[0, index])
+    assert all(torch.equal(r, results[0]) for r in results)

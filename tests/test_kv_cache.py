@@ -1,0 +1,54 @@
+"""Rollback is moving a pointer: stale keys past it never change what the model computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quickdraft.model.kv_cache import KVCache
+
+SEQ = 48
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    cut=st.integers(min_value=1, max_value=SEQ - 1),
+    garbage=st.integers(min_value=1, max_value=12),
+    seed=st.integers(min_value=0, max_value=2**16),
+)
+def test_rollback_then_refeed_equals_fresh_prefill(models, cut, garbage, seed):
+    model = models["target"].model
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 96, (1, SEQ), generator=g)
+    junk = torch.randint(0, 96, (1, garbage), generator=g)
+    with torch.inference_mode():
+        fresh = model.new_cache(64)
+        model(tokens[:, :cut], 0, fresh)
+        expected = model(tokens[:, cut:], cut, fresh)
+
+        rolled = model.new_cache(64)
+        model(tokens[:, :cut], 0, rolled)
+        rolled.set_length(cut)
+        model(junk, cut, rolled)  # a rejected draft writes past the committed length...
+        rolled.set_length(cut + garbage)
+        rolled.rollback(garbage)  # ...and is forgotten in O(1)
+        got = model(tokens[:, cut:], cut, rolled)
+    assert torch.equal(got, expected)
+
+
+def test_rollback_rejects_more_than_held():
+    cache = KVCache(n_layer=1, n_kv_head=1, head_dim=4, capacity=8)
+    cache.set_length(3)
+    with pytest.raises(ValueError, match="cannot roll back 4"):
+        cache.rollback(4)
+    cache.rollback(3)
+    assert cache.length == 0
+
+
+def test_forward_past_capacity_is_refused(models):
+    model = models["target"].model
+    cache = model.new_cache(8)
+    with pytest.raises(ValueError, match="exceed the KV cache capacity"):
+        model(torch.zeros(1, 9, dtype=torch.long), 0, cache)

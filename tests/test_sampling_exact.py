@@ -1,0 +1,136 @@
+"""Speculative sampling follows the target's distribution exactly: chi-square goodness of fit of
+the first three generated tokens against the distribution computed by enumeration."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import quickdraft.engine as engine_module
+from hf_factory import make_hf_checkpoint
+from quickdraft import Engine, SamplingParams
+from quickdraft.model.loader import load_model
+from quickdraft.sampling import probabilities
+
+VOCAB = 12
+PROMPT = [3, 1, 4]
+REPETITIVE_PROMPT = [3, 1, 4, 1, 5, 3, 1, 4]  # prompt lookup finds (3, 1, 4) and drafts "1 5 3 ..."
+N_SAMPLES = 20_000
+ALPHA = 0.001
+# temperature, top-k, top-p, gamma: every value of each appears in several configurations.
+CONFIGS = [
+    (0.5, 0, 1.0, 1), (1.0, 0, 1.0, 3), (1.5, 0, 1.0, 6),
+    (0.5, 5, 1.0, 3), (1.0, 5, 1.0, 6), (1.5, 5, 1.0, 1),
+    (0.5, 0, 0.8, 6), (1.0, 0, 0.8, 1), (1.5, 0, 0.8, 3),
+    (0.5, 5, 0.8, 1), (1.0, 5, 0.8, 3), (1.5, 5, 0.8, 6),
+]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_vocab")
+    kwargs = dict(vocab_size=VOCAB, num_hidden_layers=2, hidden_size=16, logit_scale=1.5)
+    target = load_model(make_hf_checkpoint("llama", root / "target", seed=11, **kwargs))
+    draft = load_model(make_hf_checkpoint("llama", root / "draft", seed=12, **kwargs))
+    return target, draft
+
+
+@torch.inference_mode()
+def exact_joint(target, params: SamplingParams, prompt: list[int] = PROMPT) -> np.ndarray:
+    """P(t1, t2, t3 | prompt) under the target alone, by enumerating every continuation."""
+    pairs = list(itertools.product(range(VOCAB), repeat=2))
+    batch = torch.tensor([prompt + list(p) for p in pairs])  # [V*V, len(prompt) + 2]
+    logits = target.model(batch)
+    n = len(prompt)
+    p1 = probabilities(logits[0, n - 1], params)  # [V]
+    p2 = probabilities(logits[:, n], params).view(VOCAB, VOCAB, VOCAB)[:, 0]  # [t1, t2]; t2 does not matter here
+    p3 = probabilities(logits[:, n + 1], params).view(VOCAB, VOCAB, VOCAB)  # [t1, t2, t3]
+    joint = p1[:, None, None] * p2[:, :, None] * p3
+    return joint.double().numpy()
+
+
+def speculative_samples(
+    engine: Engine, params: SamplingParams, gamma: int, n: int, prompt: list[int] = PROMPT
+) -> np.ndarray:
+    out = np.empty((n, 3), dtype=np.int64)
+    for i in range(n):
+        ids: list[int] = []
+        sampling = SamplingParams(params.temperature, params.top_k, params.top_p, seed=i)
+        # max_new_tokens leaves room for a full draft of gamma in the first step
+        for event in engine.stream(prompt, 3 + gamma, sampling, gamma):
+            ids.extend(event.token_ids)
+            if len(ids) >= 3:
+                break
+        out[i] = ids[:3]
+    return out
+
+
+def chi_square_p(observed_counts: np.ndarray, expected_probs: np.ndarray, n: int) -> float:
+    """Goodness of fit, pooling cells whose expected count is below 5 into one bin."""
+    expected = expected_probs.ravel() * n
+    observed = observed_counts.ravel().astype(float)
+    if observed[expected == 0].sum() > 0:
+        return 0.0  # a sample the target can never produce
+    keep = expected >= 5
+    obs = np.append(observed[keep], observed[~keep].sum())
+    exp = np.append(expected[keep], expected[~keep].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    assert len(exp) >= 2, "too few samples for a chi-square test: every cell expects fewer than 5"
+    exp *= obs.sum() / exp.sum()
+    return float(chisquare(obs, exp).pvalue)
+
+
+def fit_p_values(samples: np.ndarray, joint: np.ndarray) -> dict[str, float]:
+    n = len(samples)
+    counts = np.zeros(joint.shape)
+    np.add.at(counts, (samples[:, 0], samples[:, 1], samples[:, 2]), 1)
+    results = {"joint": chi_square_p(counts, joint, n)}
+    for position in range(3):
+        axes = tuple(a for a in range(3) if a != position)
+        results[f"position {position + 1}"] = chi_square_p(counts.sum(axis=axes), joint.sum(axis=axes), n)
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature,top_k,top_p,gamma", CONFIGS)
+def test_speculative_sampling_matches_target_distribution(pair, temperature, top_k, top_p, gamma):
+    target, draft = pair
+    params = SamplingParams(temperature, top_k, top_p)
+    engine = Engine(target, draft, exact=False)
+    samples = speculative_samples(engine, params, gamma, N_SAMPLES)
+    p_values = fit_p_values(samples, exact_joint(target, params))
+    assert min(p_values.values()) > ALPHA, p_values
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter,prompt", [("early-exit:1", PROMPT), ("prompt-lookup", REPETITIVE_PROMPT)])
+def test_early_exit_and_prompt_lookup_sampling_match_target_distribution(pair, drafter, prompt):
+    """Early exit drafts with a q; prompt lookup drafts point masses (accepted exactly when the
+    target's own sample would agree with them)."""
+    target, _ = pair
+    params = SamplingParams(1.0, 0, 1.0)
+    engine = Engine(target, drafter, exact=False)
+    samples = speculative_samples(engine, params, 3, N_SAMPLES, prompt)
+    p_values = fit_p_values(samples, exact_joint(target, params, prompt))
+    assert min(p_values.values()) > ALPHA, p_values
+
+
+def test_chi_square_detects_a_verifier_that_accepts_every_draft(pair, monkeypatch):
+    """The test has power: accepting every draft token yields the drafter's distribution, and
+    the same goodness-of-fit check rejects it."""
+    target, draft = pair
+
+    def accept_everything(draft_tokens, q, p, generator):
+        return len(draft_tokens), int(torch.multinomial(p[len(draft_tokens)], 1, generator=generator))
+
+    monkeypatch.setattr(engine_module, "verify_sampling", accept_everything)
+    params = SamplingParams(1.0, 0, 1.0)
+    engine = Engine(target, draft, exact=False)
+    samples = speculative_samples(engine, params, 3, N_SAMPLES // 4)
+    p_values = fit_p_values(samples, exact_joint(target, params))
+    assert p_values["joint"] < ALPHA, p_values

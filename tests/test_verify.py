@@ -1,0 +1,69 @@
+"""The lossless core on its own: one verification step, checked against its closed form."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from scipy.stats import chisquare
+
+from quickdraft.verify import verify_greedy, verify_sampling
+
+VOCAB = 6
+TRIALS = 40_000
+
+
+def test_greedy_keeps_the_longest_agreeing_prefix_then_the_targets_token():
+    assert verify_greedy([4, 2, 7], [4, 2, 7, 9]) == (3, 9)  # all accepted: bonus token
+    assert verify_greedy([4, 2, 7], [4, 5, 7, 9]) == (1, 5)  # first disagreement replaced
+    assert verify_greedy([4, 2, 7], [1, 2, 7, 9]) == (0, 1)
+    assert verify_greedy([], [3]) == (0, 3)
+
+
+def expected_counts(probs: torch.Tensor) -> np.ndarray:
+    probs = probs.double().numpy()
+    return probs / probs.sum() * TRIALS
+
+
+def one_step_distribution(p: torch.Tensor, q: torch.Tensor | None, point: int | None) -> np.ndarray:
+    """Distribution of the first committed token after drafting one token from q (or the point mass)."""
+    g = torch.Generator().manual_seed(0)
+    counts = np.zeros(VOCAB)
+    for _ in range(TRIALS):
+        x = point if q is None else int(torch.multinomial(q, 1, generator=g))
+        n, nxt = verify_sampling([x], None if q is None else q[None], torch.stack([p, p]), g)
+        counts[x if n == 1 else nxt] += 1
+    return counts
+
+
+def test_rejection_sampling_one_step_gives_exactly_p():
+    g = torch.Generator().manual_seed(1)
+    p = torch.softmax(torch.randn(VOCAB, generator=g) * 2, -1)
+    q = torch.softmax(torch.randn(VOCAB, generator=g) * 2, -1)
+    counts = one_step_distribution(p, q, None)
+    assert chisquare(counts, expected_counts(p)).pvalue > 0.001
+    # and the same counts are far from q, so the test can tell the two apart
+    assert chisquare(counts, expected_counts(q)).pvalue < 1e-6
+
+
+def test_point_mass_drafts_give_exactly_p():
+    p = torch.tensor([0.05, 0.4, 0.25, 0.1, 0.15, 0.05])
+    counts = one_step_distribution(p, None, point=2)
+    assert chisquare(counts, expected_counts(p)).pvalue > 0.001
+
+
+def test_draft_equal_to_target_is_always_accepted():
+    g = torch.Generator().manual_seed(2)
+    p = torch.softmax(torch.randn(4, VOCAB, generator=g), -1)
+    for _ in range(200):
+        draft = [int(torch.multinomial(p[i], 1, generator=g)) for i in range(3)]
+        n, _ = verify_sampling(draft, p[:3], p, g)
+        assert n == 3
+
+
+def test_token_the_target_cannot_produce_is_always_rejected():
+    p = torch.tensor([[0.0, 0.5, 0.5], [0.2, 0.3, 0.5]])
+    q = torch.tensor([[1.0, 0.0, 0.0]])
+    g = torch.Generator().manual_seed(3)
+    for _ in range(200):
+        n, nxt = verify_sampling([0], q, p, g)
+        assert n == 0 and nxt in (1, 2)
