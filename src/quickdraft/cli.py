@@ -65,6 +65,7 @@ def build_engine(args: argparse.Namespace):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from quickdraft.resources import peak_rss_bytes
     from quickdraft.sampling import SamplingParams
 
     engine = build_engine(args)
@@ -72,8 +73,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     gamma = args.gamma if engine.drafter is not None else 0
     if args.json:
         result = engine.generate(args.prompt, args.max_new_tokens, sampling, gamma, args.stop)
+        stats = result.stats.to_dict() | {"peak_rss_bytes": peak_rss_bytes()}
         print(json.dumps({"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
-                          "stats": result.stats.to_dict()}))
+                          "stats": stats}))
         return 0
     result = None
     for event in engine.stream(args.prompt, args.max_new_tokens, sampling, gamma, args.stop):

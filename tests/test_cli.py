@@ -1,0 +1,89 @@
+"""The command line: generate --json, info, and errors as messages with exit code 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf_factory import make_hf_checkpoint
+from quickdraft import Engine
+from quickdraft.cli import main
+from quickdraft.model.loader import load_model
+from tokenizer_factory import write_char_tokenizer
+
+
+@pytest.fixture(scope="module")
+def text_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    target = write_char_tokenizer(make_hf_checkpoint("llama", root / "target", seed=31))
+    draft = write_char_tokenizer(make_hf_checkpoint("llama", root / "draft", seed=32, num_hidden_layers=1))
+    return target, draft
+
+
+def run_json(capsys, *args: str) -> dict:
+    assert main(list(args)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_generate_json_reports_text_ids_and_statistics(text_models, capsys):
+    target, draft = text_models
+    out = run_json(capsys, "generate", "--target", str(target), "--draft", str(draft), "--prompt", "def f(x):",
+                   "--max-new-tokens", "24", "--gamma", "3", "--json")
+    assert len(out["token_ids"]) == 24
+    engine = Engine(load_model(target), None)
+    assert out["token_ids"] == engine.generate("def f(x):", 24, gamma=0).token_ids
+    stats = out["stats"]
+    for key in ("tokens", "seconds", "tokens_per_s", "acceptance_rate", "mean_accepted_length", "drafted",
+                "accepted", "accepted_per_position", "target_calls", "drafter_calls", "peak_rss_bytes"):
+        assert key in stats, key
+    assert stats["tokens"] == 24 and stats["drafter"] == "draft-model"
+
+
+def test_generate_without_draft_decodes_plainly(text_models, capsys):
+    target, _ = text_models
+    out = run_json(capsys, "generate", "--target", str(target), "--prompt", "x = ", "--max-new-tokens", "5",
+                   "--temperature", "0.7", "--seed", "3", "--json")
+    assert out["stats"]["drafted"] == 0 and len(out["token_ids"]) == 5
+
+
+def test_generate_streams_text_to_stdout(text_models, capsys):
+    target, draft = text_models
+    assert main(["generate", "--target", str(target), "--drafter", "prompt-lookup", "--prompt", "abc abc ab",
+                 "--max-new-tokens", "10"]) == 0
+    captured = capsys.readouterr()
+    assert "tokens/s" in captured.err and "acceptance" in captured.err
+
+
+def test_info_describes_the_model(text_models, capsys):
+    target, _ = text_models
+    out = run_json(capsys, "info", str(target), "--json")
+    assert out["architecture"] == "llama" and out["vocab_size"] == 96 and out["layers"] == 3
+    assert out["parameters"] == load_model(target).n_params
+    assert out["context_length"] == 512 and out["dtype"] == "float32"
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--temperature", "-1"], "temperature must be"),
+        (["--top-p", "0"], "top_p must be in"),
+        (["--max-new-tokens", "100000"], "exceeds the context"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message(text_models, capsys, args, message):
+    target, _ = text_models
+    assert main(["generate", "--target", str(target), "--prompt", "hi", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unknown_model_exits_2(tmp_path, capsys):
+    assert main(["generate", "--target", str(tmp_path / "missing"), "--prompt", "hi"]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_gamma_must_be_positive_or_auto(text_models, capsys):
+    target, _ = text_models
+    with pytest.raises(SystemExit):
+        main(["generate", "--target", str(target), "--prompt", "hi", "--gamma", "0"])
+    assert "gamma must be >= 1" in capsys.readouterr().err
