@@ -323,8 +323,9 @@ class Bench:
                 gamma = s.hf_lookup_tokens if family == "hf-lookup" else ("hf" if family == "hf-assisted" else 0)
                 method = Method(name + suffix, family, gamma, False, temperature)
                 runs.append((method, peer.runner(method, s.hf_lookup_tokens)))
-        self.notes.append(f"transformers {peer.version}: assisted generation with its default assistant-token "
-                          f"schedule; prompt lookup with prompt_lookup_num_tokens={s.hf_lookup_tokens}")
+        self.notes.append(f"transformers {peer.version}: assisted generation with its defaults "
+                          f"({peer.assistant_defaults()}); prompt lookup with "
+                          f"prompt_lookup_num_tokens={s.hf_lookup_tokens}")
         return runs
 
     # -- run

@@ -36,6 +36,16 @@ class HFPeer:
         self.model = _load(target, torch_dtype, device)
         self.assistant = _load(draft, torch_dtype, device) if draft is not None else None
 
+    @staticmethod
+    def assistant_defaults() -> str:
+        """transformers' default assistant settings (what users get), as a note for the report."""
+        keys = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+        try:
+            defaults = transformers.GenerationConfig._get_default_generation_params()
+        except AttributeError:  # older transformers keep them as GenerationConfig() attributes
+            defaults = vars(transformers.GenerationConfig())
+        return ", ".join(f"{k}={defaults.get(k)}" for k in keys)
+
     def runner(self, method: Any, lookup_tokens: int):
         def run(ids: list[int], max_new: int, seed: int) -> tuple[list[int], None]:
             input_ids = torch.tensor([ids], device=self.device)
