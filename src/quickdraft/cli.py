@@ -45,6 +45,12 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         "greedy output may then differ from plain decoding on near-ties)")
 
 
+def add_threads_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: $QUICKDRAFT_THREADS, else torch's default; "
+                        "1 is fastest on a machine shared with other work)")
+
+
 def resolve_target_and_drafter(args: argparse.Namespace) -> tuple[str, str | None]:
     from quickdraft.assets import default_draft_path, default_target_path
 
@@ -57,8 +63,22 @@ def resolve_target_and_drafter(args: argparse.Namespace) -> tuple[str, str | Non
     return target, drafter
 
 
+def apply_threads(args: argparse.Namespace) -> None:
+    import os
+
+    import torch
+
+    threads = getattr(args, "threads", None) or os.environ.get("QUICKDRAFT_THREADS")
+    if threads:
+        if int(threads) < 1:
+            raise QuickdraftError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(int(threads))
+
+
 def build_engine(args: argparse.Namespace):
     from quickdraft.engine import Engine
+
+    apply_threads(args)
 
     target, drafter = resolve_target_and_drafter(args)
     return Engine(target, drafter, exact=not args.no_exact, dtype=args.dtype, device=args.device)
@@ -145,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--gamma", type=gamma_arg, default="auto", help="draft length: an integer or 'auto'")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+    add_threads_arg(gen)
     gen.set_defaults(func=cmd_generate, default_draft=True)
 
     info = sub.add_parser("info", help="describe a model")

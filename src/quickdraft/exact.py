@@ -53,7 +53,8 @@ def exact_row_bucket(model: Transformer, min_rows: int) -> int | None:
     """The smallest M >= min_rows for which every linear shape of ``model`` is row-invariant on
     this platform, or None when no M up to MAX_PROBED_ROWS is. Cached per platform and shapes."""
     weights = _linear_weights(model)
-    key = (str(model.device), str(model.dtype), tuple(sorted(weights)), min_rows)
+    # The thread count is part of the platform: BLAS picks different kernels and tilings for it.
+    key = (str(model.device), str(model.dtype), torch.get_num_threads(), tuple(sorted(weights)), min_rows)
     if key not in _bucket_cache:
         with torch.inference_mode():
             _bucket_cache[key] = next(

@@ -12,10 +12,11 @@ log = logging.getLogger(__name__)
 
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
-    from quickdraft.cli import add_model_args
+    from quickdraft.cli import add_model_args, add_threads_arg
 
     parser = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (streaming, speculative statistics)")
     add_model_args(parser)
+    add_threads_arg(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", help="the model id clients send (default: --target as given, "
