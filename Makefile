@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test test-fast bench venv clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,8 +19,13 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/quickdraft demo
 
+# Two workers: the suite is CPU-bound and every test model uses one thread.
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2
+
+# Skips the long statistical tests (chi-square over 20,000 samples per configuration).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -m "not slow"
 
 bench: $(STAMP)
 	$(BIN)/quickdraft bench
