@@ -113,11 +113,27 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _warm_runtime() -> None:
+    """Pay torch's one-time costs (the first model built on the meta device takes ~70 MB of
+    library state) so that what loading adds can be compared with the weights."""
+    import torch
+
+    from quickdraft.model.config import ModelConfig
+    from quickdraft.model.transformer import Transformer
+
+    tiny = ModelConfig(model_type="llama", vocab_size=8, n_embd=8, n_layer=1, n_head=1, n_kv_head=1, head_dim=8,
+                       intermediate_size=8, block_size=8, norm_eps=1e-6, tie_word_embeddings=True)
+    with torch.device("meta"):
+        Transformer(tiny)
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from quickdraft.assets import default_target_path
     from quickdraft.model.loader import load_model
-    from quickdraft.resources import peak_rss_bytes
+    from quickdraft.resources import current_rss_bytes, peak_rss_bytes
 
+    _warm_runtime()
+    baseline = current_rss_bytes()  # the interpreter, torch and its one-time set-up, before any model
     loaded = load_model(args.model or default_target_path(), dtype=args.dtype)
     c = loaded.config
     info = {
@@ -134,6 +150,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         "kv_heads": c.n_kv_head,
         "weight_bytes": loaded.weight_bytes,
         "peak_rss_bytes": peak_rss_bytes(),
+        "runtime_rss_bytes": baseline,
+        # what loading added to the process: compare with weight_bytes (weights are held once)
+        "rss_added_by_loading_bytes": current_rss_bytes() - baseline,
     }
     if args.json:
         print(json.dumps(info))

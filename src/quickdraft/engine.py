@@ -6,7 +6,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -191,7 +191,7 @@ class Engine:
         sampling: SamplingParams | None = None,
         gamma: int | str = 4,
         stop: Sequence[str] = (),
-        cancelled: callable | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> Iterator[StreamEvent]:
         """Yield text deltas as tokens are committed; the last event carries the result."""
         sampling = sampling or GREEDY

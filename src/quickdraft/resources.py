@@ -10,3 +10,15 @@ def peak_rss_bytes() -> int:
     """Peak resident set size of this process (ru_maxrss is KiB on Linux, bytes on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
+
+
+def current_rss_bytes() -> int:
+    """Resident set size now (Linux /proc; falls back to the peak elsewhere)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[1])
+    except OSError:
+        return peak_rss_bytes()
+    import os
+
+    return pages * os.sysconf("SC_PAGE_SIZE")

@@ -72,12 +72,23 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     raise ModelFormatError(f"missing weights in {model_dir}: expected {SINGLE_FILE} or {INDEX_FILE}")
 
 
-def iter_checkpoint_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_checkpoint_tensors(
+    files: list[Path], *, dtype: torch.dtype, device: str | torch.device = "cpu"
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each tensor, copied out of its memory map in the requested dtype and device.
+
+    One map per tensor: a map stays resident while any view of it lives, so copying tensor by
+    tensor and dropping each map keeps peak memory near the weights' size (the fused QKV and
+    gate/up matrices could not stay views of the file anyway).
+    """
     for file in files:
         try:
             with safe_open(str(file), framework="pt") as handle:
-                for name in handle.keys():
-                    yield name, handle.get_tensor(name)
+                names = list(handle.keys())
+            for name in names:
+                with safe_open(str(file), framework="pt") as handle:
+                    tensor = handle.get_tensor(name).to(device=device, dtype=dtype, copy=True)
+                yield name, tensor
         except (SafetensorError, OSError) as exc:
             raise ModelFormatError(f"corrupt weights file {file}: {exc}") from exc
 
@@ -127,7 +138,8 @@ def _convert_gpt2(raw: dict[str, torch.Tensor], config: ModelConfig) -> dict[str
 def load_transformer(
     model_dir: Path, config: ModelConfig, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> Transformer:
-    raw = {_strip_prefix(name): tensor for name, tensor in iter_checkpoint_tensors(safetensors_files(model_dir))}
+    files = safetensors_files(model_dir)
+    raw = {_strip_prefix(name): t for name, t in iter_checkpoint_tensors(files, dtype=dtype, device=device)}
     if config.tie_word_embeddings:
         raw.pop("lm_head.weight", None)  # some checkpoints store the tied copy too
     try:
@@ -137,7 +149,6 @@ def load_transformer(
     leftovers = [n for n in raw if not n.endswith((".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq"))]
     if leftovers:
         log.warning("ignoring %d unexpected tensors in %s, e.g. %s", len(leftovers), model_dir, leftovers[0])
-    state = {name: t.to(device=device, dtype=dtype) for name, t in state.items()}
     with torch.device("meta"):
         model = Transformer(config)
     _check_shapes(model, state, model_dir)
