@@ -11,6 +11,7 @@ from quickdraft.model.loader import load_model
 N_PROMPTS = 20
 NEW_TOKENS = 128
 GAMMAS = (1, 2, 4, 8, "auto")
+GAMMAS_MODEL_FREE = (1, 4, "auto")  # early exit and prompt lookup: the same loop, fewer settings
 
 
 def prompts(n: int = N_PROMPTS) -> list[list[int]]:
@@ -25,7 +26,9 @@ def dtype_models(request, checkpoints):
 
 # (drafter, the mean acceptance range that proves it is the kind of drafter it claims to be)
 DRAFTERS = {
-    "self": (1.0, 1.0),  # the target as its own draft: every step accepts everything
+    # the target as its own draft accepts everything but near-ties where its 1-row draft forward
+    # and the padded verify forward round differently (bf16)
+    "self": (0.95, 1.0),
     "related": (0.3, 0.99),  # the target's weights plus noise
     "unrelated": (0.0, 0.2),  # a different random model: almost every step rejects
     "early-exit:1": (0.0, 1.0),
@@ -45,7 +48,7 @@ def test_greedy_speculative_equals_plain_greedy(dtype_models):
         plain = engines["self"].generate(prompt, NEW_TOKENS, gamma=0)
         assert len(plain.token_ids) == NEW_TOKENS
         for name, engine in engines.items():
-            for gamma in GAMMAS:
+            for gamma in GAMMAS if name in ("self", "related", "unrelated") else GAMMAS_MODEL_FREE:
                 spec = engine.generate(prompt, NEW_TOKENS, gamma=gamma)
                 assert spec.token_ids == plain.token_ids, f"{dtype} {name} gamma={gamma} prompt={prompt}"
                 acceptance[name].append(spec.stats.acceptance_rate)
