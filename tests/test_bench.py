@@ -54,7 +54,7 @@ def test_bench_reports_every_configuration_and_greedy_outputs_equal_plain(pair, 
     out = tmp_path / "out"
     code = main(["bench", "--target", str(target), "--draft", str(draft), "--out", str(out), "--prompt-limit", "2",
                  "--max-new-tokens", "10", "--repeats", "1", "--gammas", "1,3", "--sampling-gammas", "2",
-                 "--threads", "1"])
+                 "--threads", "1", "--clock", "cpu"])
     assert code == 0
     assert "| method |" in capsys.readouterr().out
     report = json.loads((out / "bench.json").read_text())

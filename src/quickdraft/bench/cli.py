@@ -39,6 +39,9 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
                    "is at least max_gamma + 1")
     p.add_argument("--no-peers", action="store_true", help="skip transformers' generate()")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="time tokens/s by wall clock (default) or by this process's CPU time (on a machine "
+                        "shared with other work; use with --threads 1)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_bench, default_draft=True)
@@ -67,7 +70,7 @@ def settings_from_args(args: argparse.Namespace):
     ).items() if v is not None}
     common = dict(target=target, draft=draft, dtype=args.dtype, device=args.device, exact=not args.no_exact,
                   early_exit=early_exit, prompt_lookup=prompt_lookup, peers=not args.no_peers,
-                  temperature=args.temperature, seed=args.seed, **overrides)
+                  temperature=args.temperature, seed=args.seed, clock=args.clock, **overrides)
     return BenchSettings.quick(**common) if args.quick else BenchSettings(**common)
 
 

@@ -41,6 +41,9 @@ from quickdraft.sampling import SamplingParams
 log = logging.getLogger(__name__)
 
 BASELINE = "plain"
+# "wall": time.perf_counter; "cpu": this process's CPU time, for a machine shared with other work
+# (run with --threads 1 then: spinning OpenMP threads would count as work).
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 PLAIN_EXACT = "plain exact"
 WARMUP_TOKENS = 12
 
@@ -69,6 +72,7 @@ class BenchSettings:
     hf_lookup_tokens: int = 10  # prompt_lookup_num_tokens for the transformers peer (its docs' value)
     threads: int | None = None
     seed: int = 0
+    clock: str = "wall"  # wall | cpu (see CLOCKS)
 
     @classmethod
     def quick(cls, **overrides: Any) -> BenchSettings:
@@ -185,7 +189,8 @@ def alpha_from_steps(steps: Sequence[tuple[int, int]]) -> float | None:
 @dataclass
 class RoundResult:
     tokens: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # by the bench's clock
+    wall_seconds: float = 0.0
     outputs: list[list[int]] = field(default_factory=list)
     target_seconds: float = 0.0
     target_calls: int = 0
@@ -340,6 +345,8 @@ class Bench:
 
     def _run(self) -> dict[str, Any]:
         s = self.settings
+        if s.clock not in CLOCKS:
+            raise QuickdraftError(f"unknown clock {s.clock!r}; choose one of {', '.join(CLOCKS)}")
         started = time.perf_counter()
         target = load_model(s.target, dtype=s.dtype, device=s.device)
         draft = load_model(s.draft, dtype=s.dtype, device=s.device) if s.draft else None
@@ -364,28 +371,30 @@ class Bench:
             runner(prompt_ids[0], min(WARMUP_TOKENS, s.max_new_tokens), s.seed)
             bar.update(1)
         rounds: list[dict[str, RoundResult]] = []
+        clock = CLOCKS[s.clock]
         for r in range(s.repeats):
-            shift = r % len(runs)
-            order = runs[shift:] + runs[:shift]
-            results: dict[str, RoundResult] = {}
-            for method, runner in order:
-                bar.set_description(f"round {r + 1}/{s.repeats} {method.name}")
-                recorder = getattr(runner, "recorder", None)
-                if recorder is not None:
-                    recorder.steps = []
-                rr = RoundResult()
-                for i, ids in enumerate(prompt_ids):
-                    t0 = time.perf_counter()
+            results = {method.name: RoundResult() for method, _ in runs}
+            # Prompt-major: every configuration runs on a prompt, in an order rotated from prompt to
+            # prompt and round to round, before the next prompt; a ratio compares runs seconds apart.
+            for i, ids in enumerate(prompt_ids):
+                shift = (r * len(prompt_ids) + i) % len(runs)
+                for method, runner in runs[shift:] + runs[:shift]:
+                    bar.set_description(f"round {r + 1}/{s.repeats} prompt {i + 1} {method.name}")
+                    recorder = getattr(runner, "recorder", None)
+                    if recorder is not None:
+                        recorder.steps = []
+                    rr = results[method.name]
+                    t0, w0 = clock(), time.perf_counter()
                     out, stats = runner(ids, s.max_new_tokens, s.seed + i)
-                    rr.seconds += time.perf_counter() - t0
+                    rr.seconds += clock() - t0
+                    rr.wall_seconds += time.perf_counter() - w0
                     rr.tokens += len(out)
                     rr.outputs.append(list(out))
                     if stats is not None:
                         rr.add_stats(stats)
+                    if recorder is not None:
+                        rr.steps.extend(recorder.steps)
                     bar.update(1)
-                if recorder is not None:
-                    rr.steps = list(recorder.steps)
-                results[method.name] = rr
             rounds.append(results)
         bar.close()
         rows = summarize(methods, rounds)
@@ -425,6 +434,7 @@ def summarize(methods: list[Method], rounds: list[dict[str, RoundResult]]) -> li
             "method": m.name, "family": m.family, "decoding": m.decoding, "temperature": m.temperature,
             "gamma": m.gamma, "exact": m.exact, "peer": m.peer,
             "tokens_per_s": tps, "tokens_per_s_rounds": [r.tokens_per_s for r in per_round],
+            "tokens_per_wall_s": statistics.median(r.tokens / r.wall_seconds for r in per_round if r.wall_seconds),
             "speedup": speedup,
             "tokens": per_round[0].tokens,
         }

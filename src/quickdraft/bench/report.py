@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+CLOCK_NAMES = {"wall": "wall-clock time", "cpu": "the process's CPU time (the machine was shared)"}
+
 COLUMNS = (
     ("method", "method"), ("decoding", "decoding"), ("tokens/s", "tokens_per_s"), ("speedup", "speedup"),
     ("α", "alpha"), ("accepted/drafted", "acceptance_rate"), ("tokens/call", "mean_accepted_length"),
@@ -53,7 +55,8 @@ def markdown_report(report: dict[str, Any], command: str | None = None) -> str:
         kinds[p["kind"]] = kinds.get(p["kind"], 0) + 1
     out.append(f"{len(report['prompts'])} prompts ({', '.join(f'{n} {k}' for k, n in kinds.items())}), "
                f"{s['max_new_tokens']} new tokens each (EOS ignored), {s['dtype']}, {s['repeats']} measured rounds "
-               f"after a warm-up; medians. Wall time {report['wall_seconds']:.0f} s.\n")
+               f"after a warm-up; medians; tokens/s by {CLOCK_NAMES.get(s.get('clock', 'wall'))}. "
+               f"The bench took {report['wall_seconds']:.0f} s.\n")
     headline = headline_lines(report.get("headline", {}))
     if headline:
         out.append("\n".join(headline) + "\n")
