@@ -9,13 +9,14 @@ from a point mass (argmax drafts, prompt lookup).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.transformer import Transformer
-from quickdraft.sampling import SamplingParams
+from quickdraft.sampling import SamplingParams, probabilities, sample, top_probability
 
 
 @dataclass
@@ -62,3 +63,34 @@ class Drafter(ABC):
     def relative_cost_hint(self) -> float:
         """A prior for c = drafter step time / target step time, refined by measurement."""
         return 0.1
+
+
+def draft_autoregressively(
+    logits: torch.Tensor,
+    step: Callable[[int], torch.Tensor],
+    k: int,
+    sampling: SamplingParams,
+    generator: torch.Generator | None,
+    confidence_stop: float | None,
+) -> Draft:
+    """Draw up to k tokens from a model: ``logits`` [vocab] predict the first; ``step(token)``
+    feeds a drawn token and returns the logits for the next. Each token is drawn from exactly the
+    q it is returned with (the argmax, a point mass, when greedy). ``forward_calls`` counts the
+    calls of ``step`` plus one for the caller's first forward."""
+    drafted: list[int] = []
+    qs: list[torch.Tensor] = []
+    calls = 1
+    for i in range(k):
+        if i > 0 and confidence_stop is not None and top_probability(logits) < confidence_stop:
+            break
+        if sampling.greedy:
+            token = int(logits.argmax())
+        else:
+            q = probabilities(logits, sampling)
+            token = sample(q, generator)
+            qs.append(q)
+        drafted.append(token)
+        if i < k - 1:
+            logits = step(token)
+            calls += 1
+    return Draft(drafted, torch.stack(qs) if qs else None, calls)

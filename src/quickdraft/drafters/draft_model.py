@@ -6,12 +6,12 @@ import logging
 
 import torch
 
-from quickdraft.drafters.base import Draft, DraftContext, Drafter
+from quickdraft.drafters.base import Draft, DraftContext, Drafter, draft_autoregressively
 from quickdraft.errors import VocabularyMismatchError
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.loader import LoadedModel
 from quickdraft.model.tokenizer import Tokenizer
-from quickdraft.sampling import SamplingParams, probabilities, sample, top_probability
+from quickdraft.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -84,26 +84,10 @@ class DraftModelDrafter(Drafter):
     ) -> Draft:
         assert self.cache is not None, "begin() first"
         logits = self._forward(tokens[self.cache.length :])
-        calls = 1
-        self._base, self._fed = len(tokens), 0
-        drafted: list[int] = []
-        qs: list[torch.Tensor] = []
-        for i in range(k):
-            if i > 0 and confidence_stop is not None and top_probability(logits) < confidence_stop:
-                break
-            if sampling.greedy:
-                x = int(logits.argmax())
-            else:
-                q = probabilities(logits, sampling)
-                x = sample(q, generator)
-                qs.append(q)
-            drafted.append(x)
-            if i < k - 1:
-                logits = self._forward([x])
-                calls += 1
-                self._fed += 1
-        q_all = torch.stack(qs) if qs else None
-        return Draft(drafted, q_all, calls)
+        self._base = len(tokens)
+        draft = draft_autoregressively(logits, lambda t: self._forward([t]), k, sampling, generator, confidence_stop)
+        self._fed = draft.forward_calls - 1  # drafted tokens now in the cache
+        return draft
 
     def accept(self, n_accepted: int) -> None:
         assert self.cache is not None

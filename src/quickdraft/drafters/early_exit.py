@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from quickdraft.drafters.base import Draft, DraftContext, Drafter
+from quickdraft.drafters.base import Draft, DraftContext, Drafter, draft_autoregressively
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.transformer import Transformer
-from quickdraft.sampling import SamplingParams, probabilities, sample, top_probability
+from quickdraft.sampling import SamplingParams
 
 
 def check_exit_layer(exit_layer: int, n_layer: int) -> None:
@@ -49,25 +49,10 @@ class EarlyExitDrafter(Drafter):
         # The target cache holds every committed token but the last; draft slots past it are scratch.
         position = self.cache.length
         logits = self._forward(tokens[position:], position)
-        position = len(tokens)
-        calls = 1
-        drafted: list[int] = []
-        qs: list[torch.Tensor] = []
-        for i in range(k):
-            if i > 0 and confidence_stop is not None and top_probability(logits) < confidence_stop:
-                break
-            if sampling.greedy:
-                x = int(logits.argmax())
-            else:
-                q = probabilities(logits, sampling)
-                x = sample(q, generator)
-                qs.append(q)
-            drafted.append(x)
-            if i < k - 1:
-                logits = self._forward([x], position)
-                position += 1
-                calls += 1
-        return Draft(drafted, torch.stack(qs) if qs else None, calls)
+        next_position = iter(range(len(tokens), len(tokens) + k))
+        return draft_autoregressively(
+            logits, lambda t: self._forward([t], next(next_position)), k, sampling, generator, confidence_stop
+        )
 
     @property
     def relative_cost_hint(self) -> float:
