@@ -65,6 +65,8 @@ def test_bench_reports_every_configuration_and_greedy_outputs_equal_plain(pair, 
                 "early exit auto", "prompt lookup auto", "plain T=0.8", "draft γ=2 T=0.8", "draft auto T=0.8"}
     assert expected <= set(rows)
     assert rows["plain"]["speedup"] == pytest.approx(1.0)
+    assert rows["plain T=0.8"]["speedup"] == pytest.approx(1.0)  # sampling runs are measured against plain sampling
+    assert rows["draft auto T=0.8"]["baseline"] == "plain T=0.8"
     for row in rows.values():
         assert row["tokens"] == 2 * 10  # EOS ignored: every method generates max_new_tokens per prompt
         assert row["tokens_per_s"] > 0

@@ -427,7 +427,10 @@ def summarize(methods: list[Method], rounds: list[dict[str, RoundResult]]) -> li
     rows = []
     for m in methods:
         per_round = [rd[m.name] for rd in rounds]
-        base = [rd[BASELINE] for rd in rounds]
+        # The baseline: our plain decoding (exact mode off) with the same sampling parameters.
+        base_name = BASELINE if m.greedy else f"{BASELINE} T={m.temperature:g}"
+        base_name = base_name if base_name in rounds[0] else BASELINE
+        base = [rd[base_name] for rd in rounds]
         tps = statistics.median(r.tokens_per_s for r in per_round)
         speedup = statistics.median(r.tokens_per_s / b.tokens_per_s for r, b in zip(per_round, base) if b.tokens_per_s)
         row: dict[str, Any] = {
@@ -435,7 +438,7 @@ def summarize(methods: list[Method], rounds: list[dict[str, RoundResult]]) -> li
             "gamma": m.gamma, "exact": m.exact, "peer": m.peer,
             "tokens_per_s": tps, "tokens_per_s_rounds": [r.tokens_per_s for r in per_round],
             "tokens_per_wall_s": statistics.median(r.tokens / r.wall_seconds for r in per_round if r.wall_seconds),
-            "speedup": speedup,
+            "speedup": speedup, "baseline": base_name,
             "tokens": per_round[0].tokens,
         }
         plain_step = [b.target_seconds / b.target_calls for b in base if b.target_calls]

@@ -61,8 +61,8 @@ def markdown_report(report: dict[str, Any], command: str | None = None) -> str:
     if headline:
         out.append("\n".join(headline) + "\n")
     out.append(markdown_table(report))
-    out.append("\nspeedup: tokens/s over our plain decoding (exact mode off, 1-row forwards) in the same round, "
-               "median over rounds. α: per-token acceptance probability, accepted / (accepted + rejections). "
+    out.append("\nspeedup: tokens/s over our plain decoding (exact mode off, 1-row forwards) with the same sampling "
+               "parameters, in the same round, median over rounds. α: per-token acceptance probability, accepted / (accepted + rejections). "
                "c: drafter forward / plain 1-row target forward. verify cost: one verifying target forward / a "
                "plain 1-row forward (Leviathan's bound assumes 1). bound: (1 − α^(γ+1)) / ((1 − α)(γc + 1)) at the "
                "mean γ; efficiency = speedup / bound; bound (verify cost): the same with γc + verify cost below. "
