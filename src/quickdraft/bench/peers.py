@@ -33,6 +33,7 @@ class HFPeer:
     def __init__(self, target: Path, draft: Path | None, *, dtype: str = "fp32", device: str = "cpu") -> None:
         torch_dtype = parse_dtype(dtype)
         self.device = device
+        transformers.logging.set_verbosity_error()  # its deprecation chatter would bury the bench's progress
         self.model = _load(target, torch_dtype, device)
         self.assistant = _load(draft, torch_dtype, device) if draft is not None else None
 
