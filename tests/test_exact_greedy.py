@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hf_factory import make_hf_checkpoint
 from quickdraft import Engine
 from quickdraft.model.loader import load_model
 
@@ -36,6 +37,7 @@ DRAFTERS = {
 }
 
 
+@pytest.mark.slow
 def test_greedy_speculative_equals_plain_greedy(dtype_models):
     dtype, loaded = dtype_models
     engines = {}
@@ -57,21 +59,43 @@ def test_greedy_speculative_equals_plain_greedy(dtype_models):
         assert low <= mean <= high, f"{name}: mean acceptance {mean:.3f} outside [{low}, {high}]"
 
 
-def test_exact_mode_rows_are_bit_identical_wherever_the_token_sits(models):
-    """The premise of exact mode, on the model's actual shapes: one token's logits do not depend
-    on its row among the bucket's rows, nor on the other rows."""
-    engine = Engine(models["target"], None)
-    rows = engine.exact_rows
-    model = engine.model
-    prefix = torch.randint(0, 96, (1, 20), generator=torch.Generator().manual_seed(0))
-    token = 17
+@pytest.fixture(scope="module")
+def wide_model(tmp_path_factory):
+    # wide enough that multi-threaded BLAS computes some row counts differently by row position
+    return load_model(make_hf_checkpoint("llama", tmp_path_factory.mktemp("wide"), seed=4, hidden_size=384,
+                                         num_hidden_layers=2))
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request):
+    previous = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(previous)
+
+
+def test_exact_mode_rows_are_bit_identical_wherever_the_token_sits(wide_model, threads):
+    """The premise of exact mode, on the model's actual shapes: after the same prefill, a token's
+    logits do not depend on its row among the bucket's rows, nor on the other rows, when every
+    token after the prefill went through bucket-sized forwards (as the engine does)."""
+    engine = Engine(wide_model, None)
+    rows, model = engine.exact_rows, engine.model
+    g = torch.Generator().manual_seed(0)
+    context = torch.randint(0, 96, (rows + 10,), generator=g).tolist()
+    token, prefill = 17, 10
+
+    def padded(tokens: list[int]) -> torch.Tensor:
+        return torch.tensor([tokens + torch.randint(0, 96, (rows - len(tokens),), generator=g).tolist()])
+
     results = []
     with torch.inference_mode():
         for index in range(rows):
             cache = model.new_cache(128)
-            model(prefix[:, : 20 - index], 0, cache)
-            row_tokens = prefix[0, 20 - index :].tolist() + [token]
-            row_tokens += torch.randint(0, 96, (rows - len(row_tokens),)).tolist()
-            logits = model(torch.tensor([row_tokens]), 20 - index, cache, full_window=True)
+            model(torch.tensor([context[:prefill]]), 0, cache)
+            # one token per forward up to the step that verifies `index` tokens and then `token`
+            split = len(context) - index
+            for position in range(prefill, split):
+                model(padded([context[position]]), position, cache, full_window=True)
+            logits = model(padded(context[split:] + [token]), split, cache, full_window=True)
             results.append(logits[0, index])
     assert all(torch.equal(r, results[0]) for r in results)
