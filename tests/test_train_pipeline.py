@@ -62,7 +62,7 @@ def test_pipeline_trains_target_and_draft_and_loss_falls(corpus: Path, tmp_path:
     assert stats["train_tokens"] > 10_000 and stats["val_tokens"] > 0
 
     common = dict(data_dir=corpus, batch_size=8, seq_len=64, warmup_steps=5, threads=2, eval_batches=2)
-    target_args = TrainArgs(out_dir=tmp_path / "target", lr=3e-3, max_steps=40, **common)
+    target_args = TrainArgs(out_dir=tmp_path / "target", lr=3e-3, max_steps=30, **common)
     summary = train_target(target_args, TINY_TARGET, tokenizer_dir, exit_layer=1, exit_weight=0.3)
     history = json.loads((tmp_path / "target" / "history.json").read_text())
     first, last = history[0]["loss"], min(h["loss"] for h in history if "loss" in h)
@@ -74,8 +74,8 @@ def test_pipeline_trains_target_and_draft_and_loss_falls(corpus: Path, tmp_path:
     loaded = load_model(target_dir)
     assert loaded.n_params == summary["params"]
 
-    draft_args = TrainArgs(out_dir=tmp_path / "draft", lr=5e-3, max_steps=30, **common)
-    draft_summary = train_draft(draft_args, TINY_DRAFT, target_dir, n_generations=16, prompt_len=8)
+    draft_args = TrainArgs(out_dir=tmp_path / "draft", lr=5e-3, max_steps=20, **common)
+    draft_summary = train_draft(draft_args, TINY_DRAFT, target_dir, n_generations=8, prompt_len=8)
     draft_history = json.loads((tmp_path / "draft" / "history.json").read_text())
     assert draft_history[-2]["loss"] < draft_history[0]["loss"], "distillation KL did not fall"
     assert draft_summary["params"] < summary["params"]

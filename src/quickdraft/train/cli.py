@@ -1,11 +1,11 @@
-"""``quickdraft train``: corpus | tokenizer | target | draft | eval | install | all.
+"""``quickdraft train``: corpus | tokenizer | target | draft | export | eval | install | all.
 
 Every step reads and writes plain directories, so each can be rerun or resumed on its own:
 
     quickdraft train corpus     --out data/corpus
     quickdraft train tokenizer  --corpus data/corpus --out data/tokenizer
-    quickdraft train target     --data data/corpus --tokenizer data/tokenizer --out runs/target --max-minutes 78
-    quickdraft train draft      --data data/corpus --target runs/target/final --out runs/draft --max-minutes 30
+    quickdraft train target     --data data/corpus --tokenizer data/tokenizer --out runs/target --max-minutes 95
+    quickdraft train draft      --data data/corpus --target runs/target/final --out runs/draft --max-minutes 20
     quickdraft train eval       --target runs/target/final --draft runs/draft/final --data data/corpus
     quickdraft train install    --target runs/target/final --draft runs/draft/final
 """
@@ -84,7 +84,7 @@ def _cmd_draft(ns: argparse.Namespace) -> int:
     shape = DraftShape(n_embd=ns.n_embd, n_layer=ns.n_layer, n_head=ns.n_head, n_kv_head=ns.n_kv_head,
                        head_dim=ns.head_dim, intermediate_size=ns.intermediate_size)
     summary = train_draft(_train_args(ns), shape, ns.target, generated_fraction=ns.generated_fraction,
-                          n_generations=ns.generations)
+                          n_generations=ns.generations, regenerate=ns.regenerate)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -95,6 +95,17 @@ def _cmd_eval(ns: argparse.Namespace) -> int:
     report = evaluate_pair(ns.target, ns.draft, ns.data, n_prompts=ns.prompts, n_new=ns.new_tokens, gamma=ns.gamma,
                            prompts_out=ns.prompts_out, report_out=ns.report, threads=ns.threads)
     print(json.dumps(report, indent=2))
+    return 0
+
+
+def _cmd_export(ns: argparse.Namespace) -> int:
+    from quickdraft.train.common import export_model
+    from quickdraft.train.pretrain import EARLY_EXIT_KEY, model_from_checkpoint
+
+    model = model_from_checkpoint(ns.checkpoint)
+    extra = {EARLY_EXIT_KEY: ns.exit_layer} if ns.exit_layer else {}
+    export_model(model, ns.tokenizer, ns.out, extra_config=extra)
+    print(f"exported {ns.checkpoint} to {ns.out}")
     return 0
 
 
@@ -123,12 +134,12 @@ def _cmd_all(ns: argparse.Namespace) -> int:
     corpus, tokenizer, runs = ns.work / "data" / "corpus", ns.work / "data" / "tokenizer", ns.work / "runs"
     build_corpus(corpus)
     build_tokenizer(corpus, tokenizer)
-    train_target(TrainArgs(out_dir=runs / "target", data_dir=corpus, lr=1.5e-3, max_steps=1600,
+    train_target(TrainArgs(out_dir=runs / "target", data_dir=corpus, lr=2e-3, max_steps=1600,
                            max_minutes=ns.target_minutes, threads=ns.threads, resume=ns.resume),
                  TargetShape(n_layer=6), tokenizer, exit_layer=2, exit_weight=0.3)
-    train_draft(TrainArgs(out_dir=runs / "draft", data_dir=corpus, lr=3e-3, max_steps=3000,
-                          max_minutes=ns.draft_minutes, threads=ns.threads, resume=ns.resume),
-                DraftShape(), runs / "target" / "final")
+    train_draft(TrainArgs(out_dir=runs / "draft", data_dir=corpus, lr=3e-3, max_steps=100_000,
+                          max_minutes=ns.draft_minutes, checkpoint_minutes=3, threads=ns.threads, resume=ns.resume),
+                DraftShape(), runs / "target" / "final", n_generations=512)
     report = evaluate_pair(runs / "target" / "final", runs / "draft" / "final", corpus, threads=ns.threads,
                            report_out=runs / "eval.json")
     print(json.dumps(report, indent=2))
@@ -140,7 +151,7 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     train = subparsers.add_parser("train", help="train the embedded model pair offline (corpus → tokenizer → "
                                   "target → draft → eval)", description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = train.add_subparsers(dest="train_command", metavar="{corpus,tokenizer,target,draft,eval,install,all}")
+    sub = train.add_subparsers(dest="train_command", metavar="{corpus,tokenizer,target,draft,export,eval,install,all}")
     train.set_defaults(func=lambda ns: (train.print_help(), 2)[1])
 
     p = sub.add_parser("corpus", help="collect the Python standard library source into train/val JSONL")
@@ -156,7 +167,7 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_tokenizer)
 
     p = sub.add_parser("target", help="pretrain the target (Llama) with an early-exit loss")
-    _add_loop_flags(p, batch_size=16, lr=1.5e-3, max_steps=1600)
+    _add_loop_flags(p, batch_size=16, lr=2e-3, max_steps=1600)
     p.add_argument("--tokenizer", type=Path, default=Path("data/tokenizer"))
     p.add_argument("--n-embd", type=int, default=384)
     p.add_argument("--n-layer", type=int, default=6)
@@ -180,6 +191,8 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--intermediate-size", type=int, default=320)
     p.add_argument("--generated-fraction", type=float, default=0.5, help="share of each batch from target generations")
     p.add_argument("--generations", type=int, default=1024, help="number of target greedy generations to train on")
+    p.add_argument("--regenerate", action="store_true", help="discard OUT/generations.npy and generate anew "
+                   "(after --resume against a newer target)")
     p.set_defaults(func=_cmd_draft)
 
     p = sub.add_parser("eval", help="validation loss and greedy acceptance (draft and early exit)")
@@ -194,6 +207,13 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=_cmd_eval)
 
+    p = sub.add_parser("export", help="write a Hugging Face model directory from a training checkpoint")
+    p.add_argument("--checkpoint", type=Path, required=True)
+    p.add_argument("--tokenizer", type=Path, required=True, help="dir with tokenizer.json and tokenizer_config.json")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--exit-layer", type=int, default=0, help="early-exit layer to record in config.json")
+    p.set_defaults(func=_cmd_export)
+
     p = sub.add_parser("install", help="copy trained models into the package's assets/")
     p.add_argument("--target", type=Path, default=Path("runs/target/final"))
     p.add_argument("--draft", type=Path, default=Path("runs/draft/final"))
@@ -202,8 +222,8 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("all", help="the whole pipeline with default settings")
     p.add_argument("--work", type=Path, default=Path("."))
-    p.add_argument("--target-minutes", type=float, default=78)
-    p.add_argument("--draft-minutes", type=float, default=30)
+    p.add_argument("--target-minutes", type=float, default=95)
+    p.add_argument("--draft-minutes", type=float, default=20)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--resume", action="store_true")
     p.set_defaults(func=_cmd_all)

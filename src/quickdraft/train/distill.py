@@ -135,7 +135,14 @@ class MixedBatches:
 
 
 def train_draft(args: TrainArgs, shape: DraftShape, target_dir: Path, *, generated_fraction: float = 0.5,
-                n_generations: int = 1024, prompt_len: int = 32, export_dir: Path | None = None) -> dict[str, object]:
+                n_generations: int = 1024, prompt_len: int = 32, export_dir: Path | None = None,
+                regenerate: bool = False) -> dict[str, object]:
+    """Distil a draft of ``shape`` from the model in ``target_dir``.
+
+    With ``args.resume`` training continues from ``args.out_dir/checkpoint.pt`` — also against a
+    newer target (warm start from a draft distilled from an earlier target snapshot); then pass
+    ``regenerate`` so that the generations come from the new target too.
+    """
     set_threads(args.threads)
     torch.manual_seed(args.seed)
     target = load_model(target_dir, tokenizer=False).model
@@ -148,6 +155,8 @@ def train_draft(args: TrainArgs, shape: DraftShape, target_dir: Path, *, generat
     args.out_dir.mkdir(parents=True, exist_ok=True)
     tokens = np.memmap(args.data_dir / "train.bin", dtype=np.uint16, mode="r")
     gen_path = args.out_dir / "generations.npy"
+    if regenerate and gen_path.exists():
+        gen_path.unlink()
     if generated_fraction > 0 and not gen_path.exists():
         generations = make_generations(target, tokens, n_generations, prompt_len, args.seq_len + 1 - prompt_len + 64,
                                        args.seed)

@@ -172,8 +172,8 @@ def evaluate_pair(target_dir: Path, draft_dir: Path, corpus_dir: Path, *, n_prom
         "gamma": gamma,
         "draft": _acceptance(draft_agree, gamma),
         "early_exit_layer": exit_layer,
-        "early_exit": {str(L): {**_acceptance(exit_agree[L], gamma),
-                                "val_loss": validation_loss(target, val, exit_layer=L)} for L in exit_layers},
+        "early_exit_val_loss": validation_loss(target, val, exit_layer=exit_layer) if exit_layer else None,
+        "early_exit": {str(L): _acceptance(exit_agree[L], gamma) for L in exit_layers},
         "ms_per_token": {"target": ms_per_token(target), "draft": ms_per_token(draft),
                          **({f"target_exit_{exit_layer}": ms_per_token(target, exit_layer=exit_layer)}
                             if exit_layer else {})},
