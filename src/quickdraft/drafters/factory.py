@@ -13,9 +13,9 @@ from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.early_exit import EarlyExitDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.errors import QuickdraftError
+from quickdraft.model.config import EARLY_EXIT_CONFIG_KEY
 from quickdraft.model.loader import LoadedModel, load_model
 
-EARLY_EXIT_CONFIG_KEY = "quickdraft_early_exit_layer"
 
 
 def _parse_int(spec: str, value: str) -> int:

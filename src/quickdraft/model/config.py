@@ -9,6 +9,9 @@ from typing import Any
 
 from quickdraft.errors import ModelFormatError, UnsupportedModelError
 
+# config.json key where training records the early-exit layer its auxiliary loss trained
+EARLY_EXIT_CONFIG_KEY = "quickdraft_early_exit_layer"
+
 LLAMA_FAMILY = ("llama", "mistral", "qwen2")
 SUPPORTED_ARCHITECTURES = (*LLAMA_FAMILY, "gpt2")
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from quickdraft.model.config import ModelConfig
+from quickdraft.model.config import EARLY_EXIT_CONFIG_KEY, ModelConfig
 from quickdraft.model.transformer import Transformer
 from quickdraft.train.common import (
     TrainArgs,
@@ -31,7 +31,7 @@ from quickdraft.train.common import (
 
 log = logging.getLogger(__name__)
 
-EARLY_EXIT_KEY = "quickdraft_early_exit_layer"
+EARLY_EXIT_KEY = EARLY_EXIT_CONFIG_KEY
 
 
 @dataclass
