@@ -40,21 +40,13 @@ class SamplingParams:
 GREEDY = SamplingParams()
 
 
-def mask_padded_vocab(logits: torch.Tensor, vocab_limit: int | None) -> torch.Tensor:
-    """Rows of an embedding padded beyond the tokenizer (e.g. 152064 vs 151936) never win."""
-    if vocab_limit is None or vocab_limit >= logits.shape[-1]:
-        return logits
-    logits = logits.clone()
-    logits[..., vocab_limit:] = float("-inf")
-    return logits
-
-
-def probabilities(logits: torch.Tensor, params: SamplingParams, vocab_limit: int | None = None) -> torch.Tensor:
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """logits [..., vocab] -> probabilities [..., vocab] in fp32, after temperature, top-k, top-p.
 
     Greedy params give the point mass on the argmax.
     """
-    logits = mask_padded_vocab(logits.float(), vocab_limit)
+    # Rows of an embedding padded beyond the tokenizer are sliced off by the caller (vocab_limit).
+    logits = logits.float()
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     # Shift so the maximum is 0 before dividing: a tiny temperature then gives -inf, never inf - inf = NaN.
