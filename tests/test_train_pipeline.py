@@ -80,6 +80,20 @@ def test_pipeline_trains_target_and_draft_and_loss_falls(corpus: Path, tmp_path:
     assert draft_history[-2]["loss"] < draft_history[0]["loss"], "distillation KL did not fall"
     assert draft_summary["params"] < summary["params"]
 
+    # Fine-tuning from the exported draft starts where it ended, not from scratch, and extends
+    # the saved generations instead of regenerating them.
+    (tmp_path / "draft_v2").mkdir()
+    old_generations = np.load(tmp_path / "draft" / "generations.npy")
+    shutil.copyfile(tmp_path / "draft" / "generations.npy", tmp_path / "draft_v2" / "generations.npy")
+    tuned_args = TrainArgs(out_dir=tmp_path / "draft_v2", lr=1e-3, max_steps=2, **common)
+    train_draft(tuned_args, TINY_DRAFT, target_dir, n_generations=12, prompt_len=8,
+                init_from=tmp_path / "draft" / "final")
+    tuned_history = json.loads((tmp_path / "draft_v2" / "history.json").read_text())
+    assert tuned_history[0]["loss"] < draft_history[0]["loss"] - 0.5, "fine-tuning did not start from the draft"
+    generations = np.load(tmp_path / "draft_v2" / "generations.npy")
+    assert generations.shape == (12, old_generations.shape[1])
+    assert np.array_equal(generations[:8], old_generations)
+
     report = evaluate_pair(target_dir, tmp_path / "draft" / "final", corpus, n_prompts=3, n_new=8,
                            prompts_out=tmp_path / "prompts.jsonl", threads=2, n_samples=1)
     assert 0.0 <= report["draft"]["alpha"] <= 1.0

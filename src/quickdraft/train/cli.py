@@ -6,6 +6,7 @@ Every step reads and writes plain directories, so each can be rerun or resumed o
     quickdraft train tokenizer  --corpus data/corpus --out data/tokenizer
     quickdraft train target     --data data/corpus --tokenizer data/tokenizer --out runs/target --max-minutes 95
     quickdraft train draft      --data data/corpus --target runs/target/final --out runs/draft --max-minutes 20
+    quickdraft train draft      --init-from runs/draft/final --lr 1e-3 --out runs/draft_v2 --max-minutes 50
     quickdraft train eval       --target runs/target/final --draft runs/draft/final --data data/corpus
     quickdraft train install    --target runs/target/final --draft runs/draft/final
 """
@@ -84,7 +85,7 @@ def _cmd_draft(ns: argparse.Namespace) -> int:
     shape = DraftShape(n_embd=ns.n_embd, n_layer=ns.n_layer, n_head=ns.n_head, n_kv_head=ns.n_kv_head,
                        head_dim=ns.head_dim, intermediate_size=ns.intermediate_size)
     summary = train_draft(_train_args(ns), shape, ns.target, generated_fraction=ns.generated_fraction,
-                          n_generations=ns.generations, regenerate=ns.regenerate)
+                          n_generations=ns.generations, regenerate=ns.regenerate, init_from=ns.init_from)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -193,6 +194,9 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--generations", type=int, default=1024, help="number of target greedy generations to train on")
     p.add_argument("--regenerate", action="store_true", help="discard OUT/generations.npy and generate anew "
                    "(after --resume against a newer target)")
+    p.add_argument("--init-from", type=Path, default=None, metavar="DIR",
+                   help="fine-tune: start from the weights of this draft model dir (e.g. runs/draft/final) with a "
+                   "fresh LR schedule (a lower --lr, e.g. 1e-3, suits); --resume from OUT/checkpoint.pt still wins")
     p.set_defaults(func=_cmd_draft)
 
     p = sub.add_parser("eval", help="validation loss and greedy acceptance (draft and early exit)")

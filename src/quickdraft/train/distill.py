@@ -75,13 +75,44 @@ def greedy_generate(model: Transformer, prompts: torch.Tensor, n_new: int, *,
 
 
 def make_generations(target: Transformer, tokens: np.ndarray, n_sequences: int, prompt_len: int, n_new: int,
-                     seed: int, batch: int = 64) -> np.ndarray:
-    """[n_sequences, prompt_len + n_new] greedy continuations of random corpus prefixes."""
+                     seed: int, batch: int = 64, first: int = 0) -> np.ndarray:
+    """[n_sequences - first, prompt_len + n_new] greedy continuations of random corpus prefixes.
+
+    Rows ``first..n_sequences``: with ``first`` a multiple of ``batch`` they are the rows a single
+    call from 0 would give, so a saved set can be extended.
+    """
     rows = []
-    for start in tqdm(range(0, n_sequences, batch), desc="generations", mininterval=10):
+    for start in tqdm(range(first, n_sequences, batch), desc="generations", mininterval=10):
         prompts = batch_at(tokens, 10_000_000 + start, min(batch, n_sequences - start), prompt_len - 1, seed)
         rows.append(greedy_generate(target, prompts, n_new).numpy().astype(np.uint16))
     return np.concatenate(rows)
+
+
+def load_or_make_generations(path: Path, target: Transformer, tokens: np.ndarray, n_sequences: int,
+                             prompt_len: int, n_new: int, seed: int) -> np.ndarray:
+    """The generations in ``path``, extended (and saved) up to ``n_sequences`` rows if it holds fewer."""
+    have = np.load(path) if path.exists() else np.zeros((0, prompt_len + n_new), dtype=np.uint16)
+    if have.shape[1] != prompt_len + n_new:
+        raise ValueError(f"{path} holds generations of {have.shape[1]} tokens, this run needs "
+                         f"{prompt_len + n_new} (prompt_len + seq_len + 1 - prompt_len + 64); pass --regenerate")
+    if have.shape[0] >= n_sequences:
+        return have
+    log.info("generating %d target continuations (%d already in %s)", n_sequences - have.shape[0], have.shape[0], path)
+    new = make_generations(target, tokens, n_sequences, prompt_len, n_new, seed, first=have.shape[0])
+    generations = np.concatenate([have, new])
+    np.save(path, generations)
+    return generations
+
+
+def init_from_model(draft: Transformer, init_dir: Path) -> None:
+    """Copy the weights of the draft saved in ``init_dir`` (a model directory) into ``draft``."""
+    source = load_model(init_dir, tokenizer=False).model
+    want, have = draft.config.to_dict(), source.config.to_dict()
+    differ = {k: (have.get(k), v) for k, v in want.items() if k != "eos_token_ids" and have.get(k) != v}
+    if differ:
+        raise ValueError(f"{init_dir} does not have this draft's shape (field: saved, wanted): {differ}; "
+                         "pass the matching --n-embd/--n-layer/... flags")
+    draft.load_state_dict(source.state_dict())
 
 
 def distill_loss(draft: Transformer, target: Transformer, batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
@@ -136,12 +167,17 @@ class MixedBatches:
 
 def train_draft(args: TrainArgs, shape: DraftShape, target_dir: Path, *, generated_fraction: float = 0.5,
                 n_generations: int = 1024, prompt_len: int = 32, export_dir: Path | None = None,
-                regenerate: bool = False) -> dict[str, object]:
+                regenerate: bool = False, init_from: Path | None = None) -> dict[str, object]:
     """Distil a draft of ``shape`` from the model in ``target_dir``.
 
     With ``args.resume`` training continues from ``args.out_dir/checkpoint.pt`` — also against a
     newer target (warm start from a draft distilled from an earlier target snapshot); then pass
     ``regenerate`` so that the generations come from the new target too.
+
+    ``init_from`` (a draft model directory) fine-tunes that draft: its weights replace the random
+    initialisation, with a fresh optimizer and learning-rate schedule. A checkpoint found under
+    ``args.resume`` still wins, so a killed fine-tuning run resumes exactly. Generations already
+    in ``args.out_dir`` are extended to ``n_generations`` rather than made anew.
     """
     set_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -149,6 +185,9 @@ def train_draft(args: TrainArgs, shape: DraftShape, target_dir: Path, *, generat
     config = draft_config(shape, target.config)
     draft = Transformer(config)
     init_weights(draft)
+    if init_from is not None:
+        init_from_model(draft, init_from)
+        log.info("draft: initialised from %s", init_from)
     n_target = sum(p.numel() for p in target.parameters())
     n_draft = sum(p.numel() for p in draft.parameters())
     log.info("draft: %d parameters (%.3f of the target's %d), %s", n_draft, n_draft / n_target, n_target, shape)
@@ -157,11 +196,11 @@ def train_draft(args: TrainArgs, shape: DraftShape, target_dir: Path, *, generat
     gen_path = args.out_dir / "generations.npy"
     if regenerate and gen_path.exists():
         gen_path.unlink()
-    if generated_fraction > 0 and not gen_path.exists():
-        generations = make_generations(target, tokens, n_generations, prompt_len, args.seq_len + 1 - prompt_len + 64,
-                                       args.seed)
-        np.save(gen_path, generations)
-    generations = np.load(gen_path) if generated_fraction > 0 else np.zeros((0, 0), dtype=np.uint16)
+    if generated_fraction > 0:
+        generations = load_or_make_generations(gen_path, target, tokens, n_generations, prompt_len,
+                                               args.seq_len + 1 - prompt_len + 64, args.seed)
+    else:
+        generations = np.zeros((0, 0), dtype=np.uint16)
     sampler = MixedBatches(tokens, generations, generated_fraction, args.seed)
     val = np.fromfile(args.data_dir / "val.bin", dtype=np.uint16)
     val_batches = eval_batches(val, args.eval_batches, args.batch_size, args.seq_len)
@@ -174,6 +213,8 @@ def train_draft(args: TrainArgs, shape: DraftShape, target_dir: Path, *, generat
         sampler=sampler,
     )
     summary["target_params"] = n_target
+    summary["init_from"] = str(init_from) if init_from is not None else None
+    summary["generations"] = int(generations.shape[0])
     (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     export_model(draft, target_dir, export_dir or args.out_dir / "final")
     return summary
