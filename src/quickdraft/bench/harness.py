@@ -35,7 +35,7 @@ from quickdraft.drafters.base import Draft, DraftContext, Drafter
 from quickdraft.drafters.factory import make_drafter
 from quickdraft.engine import Engine, expected_speedup
 from quickdraft.errors import QuickdraftError
-from quickdraft.model.loader import LoadedModel, load_model
+from quickdraft.model.loader import LoadedModel, default_draft_dtype, dtype_name, load_model, parse_dtype
 from quickdraft.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,9 @@ WARMUP_TOKENS = 12
 class BenchSettings:
     target: str
     draft: str | None = None
-    dtype: str = "fp32"
+    dtype: str = "auto"  # the target's: auto = bf16 where the hardware has bf16 dot products
+    draft_dtype: str | None = None  # None: default_draft_dtype (fp32 on CPU)
+    compile_drafter: bool = True  # torch.compile the draft model's steps (compiled during the warm-up)
     device: str = "cpu"
     prompts: str | None = None  # JSONL of {"id", "kind", "prompt"}; None: the shipped set
     prompt_limit: int | None = None  # use the first N prompts, continuations and grounded interleaved
@@ -257,7 +259,7 @@ class Bench:
             if key not in engines:
                 drafter = None
                 if kind == "draft":
-                    drafter = RecordingDrafter(make_drafter(draft, target))
+                    drafter = RecordingDrafter(make_drafter(draft, target, compile=s.compile_drafter))
                 elif kind == "early-exit":
                     drafter = RecordingDrafter(make_drafter(s.early_exit, target))
                 elif kind == "prompt-lookup":
@@ -312,7 +314,8 @@ class Bench:
             self.notes.append(f"transformers is not installed ({exc}); the peers were skipped")
             return []
         try:
-            peer = HFPeer(target.path, draft.path if draft is not None else None, dtype=s.dtype, device=s.device)
+            peer = HFPeer(target.path, draft.path if draft is not None else None, dtype=target.model.dtype,
+                          draft_dtype=draft.model.dtype if draft is not None else None, device=s.device)
         except Exception as exc:  # noqa: BLE001 - any failure to load a peer is reported, not fatal
             self.notes.append(f"transformers could not load the models ({type(exc).__name__}: {exc}); peers skipped")
             return []
@@ -348,8 +351,12 @@ class Bench:
         if s.clock not in CLOCKS:
             raise QuickdraftError(f"unknown clock {s.clock!r}; choose one of {', '.join(CLOCKS)}")
         started = time.perf_counter()
+        # Resolve "auto" and the draft's default now, so the report names the dtypes that ran.
+        s.dtype = dtype_name(parse_dtype(s.dtype, s.device))
+        s.draft_dtype = dtype_name(parse_dtype(s.draft_dtype, s.device) if s.draft_dtype
+                                   else default_draft_dtype(s.dtype, s.device))
         target = load_model(s.target, dtype=s.dtype, device=s.device)
-        draft = load_model(s.draft, dtype=s.dtype, device=s.device) if s.draft else None
+        draft = load_model(s.draft, dtype=s.draft_dtype, device=s.device) if s.draft else None
         prompts = load_prompts(s.prompts, s.prompt_limit)
         prompt_ids = [encode_prompt(target, p["prompt"]) for p in prompts]
         room = min(target.config.block_size, draft.config.block_size if draft else target.config.block_size)

@@ -30,12 +30,16 @@ def _load(path: Path, dtype: torch.dtype, device: str) -> Any:
 class HFPeer:
     version = transformers.__version__
 
-    def __init__(self, target: Path, draft: Path | None, *, dtype: str = "fp32", device: str = "cpu") -> None:
-        torch_dtype = parse_dtype(dtype)
+    def __init__(self, target: Path, draft: Path | None, *, dtype: str | torch.dtype = "fp32",
+                 draft_dtype: str | torch.dtype | None = None, device: str = "cpu") -> None:
+        """``draft_dtype``: the assistant's dtype (default: the target's); the bench gives it the
+        dtype our drafter runs in, so both sides draft with the same arithmetic."""
+        torch_dtype = parse_dtype(dtype, device)
         self.device = device
         transformers.logging.set_verbosity_error()  # its deprecation chatter would bury the bench's progress
         self.model = _load(target, torch_dtype, device)
-        self.assistant = _load(draft, torch_dtype, device) if draft is not None else None
+        assistant_dtype = parse_dtype(draft_dtype, device) if draft_dtype is not None else torch_dtype
+        self.assistant = _load(draft, assistant_dtype, device) if draft is not None else None
 
     @staticmethod
     def assistant_defaults() -> str:

@@ -54,7 +54,9 @@ def markdown_report(report: dict[str, Any], command: str | None = None) -> str:
     for p in report["prompts"]:
         kinds[p["kind"]] = kinds.get(p["kind"], 0) + 1
     out.append(f"{len(report['prompts'])} prompts ({', '.join(f'{n} {k}' for k, n in kinds.items())}), "
-               f"{s['max_new_tokens']} new tokens each (EOS ignored), {s['dtype']}, {s['repeats']} measured rounds "
+               f"{s['max_new_tokens']} new tokens each (EOS ignored), target {s['dtype']}"
+               + (f", draft {s.get('draft_dtype')}{' compiled' if s.get('compile_drafter') else ''}" if d else "")
+               + f", {s['repeats']} measured rounds "
                f"after a warm-up; medians; tokens/s by {CLOCK_NAMES.get(s.get('clock', 'wall'))}. "
                f"The bench took {report['wall_seconds']:.0f} s.\n")
     headline = headline_lines(report.get("headline", {}))

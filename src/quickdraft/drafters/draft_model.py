@@ -8,6 +8,7 @@ import torch
 
 from quickdraft.drafters.base import Draft, DraftContext, Drafter, draft_autoregressively
 from quickdraft.errors import VocabularyMismatchError
+from quickdraft.model.compiled import CompiledSteps, static_capacity
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.loader import LoadedModel
 from quickdraft.model.tokenizer import Tokenizer
@@ -38,9 +39,10 @@ def check_vocabulary_compatible(target: Tokenizer, draft: Tokenizer) -> None:
 class DraftModelDrafter(Drafter):
     name = "draft-model"
 
-    def __init__(self, draft: LoadedModel) -> None:
+    def __init__(self, draft: LoadedModel, *, compile: bool = False) -> None:
         self.draft = draft
         self.model = draft.model
+        self.steps = CompiledSteps(draft.model, enabled=compile)
         self.cache: KVCache | None = None
         self.vocab_limit = draft.config.vocab_size
         self._base = 0  # committed tokens in the cache after the last proposal's pending tokens
@@ -62,14 +64,16 @@ class DraftModelDrafter(Drafter):
 
     def begin(self, prompt_ids: list[int], context: DraftContext) -> None:
         if self.cache is None or self.cache.capacity < context.capacity:
-            self.cache = self.model.new_cache(context.capacity)
+            # Compiled steps are shaped by the capacity: round it so few graphs are ever built.
+            capacity = static_capacity(context.capacity) if self.steps.enabled else context.capacity
+            self.cache = self.model.new_cache(capacity)
+            self.steps.prepare(self.cache)
         self.cache.reset()
         self.vocab_limit = context.vocab_limit
 
     def _forward(self, tokens: list[int]) -> torch.Tensor:
         assert self.cache is not None
-        x = torch.tensor([tokens], device=self.model.device)
-        logits = self.model(x, self.cache.length, self.cache)[0, -1, : self.vocab_limit]
+        logits = self.steps.run(tokens, self.cache.length, self.cache)[-1, : self.vocab_limit]
         self.cache.length += len(tokens)
         return logits
 

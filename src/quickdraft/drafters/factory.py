@@ -17,7 +17,6 @@ from quickdraft.model.config import EARLY_EXIT_CONFIG_KEY
 from quickdraft.model.loader import LoadedModel, load_model
 
 
-
 def _parse_int(spec: str, value: str) -> int:
     try:
         return int(value)
@@ -41,11 +40,13 @@ def make_drafter(
     *,
     dtype: str | torch.dtype = "fp32",
     device: str = "cpu",
+    compile: bool = False,
 ) -> Drafter | None:
+    """``dtype`` and ``compile`` apply to a draft model (``compile``: torch.compile its steps)."""
     if spec is None or isinstance(spec, Drafter):
         return spec
     if isinstance(spec, LoadedModel):
-        drafter = DraftModelDrafter(spec)
+        drafter = DraftModelDrafter(spec, compile=compile)
         drafter.check_compatible(target)
         return drafter
     text = str(spec)
@@ -55,6 +56,6 @@ def make_drafter(
         return EarlyExitDrafter(layer, target.config.n_layer)
     if name == "prompt-lookup":
         return PromptLookupDrafter(max_ngram=_parse_int(text, arg)) if arg else PromptLookupDrafter()
-    drafter = DraftModelDrafter(load_model(spec, dtype=dtype, device=device))
+    drafter = DraftModelDrafter(load_model(spec, dtype=dtype, device=device), compile=compile)
     drafter.check_compatible(target)
     return drafter

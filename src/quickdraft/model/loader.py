@@ -18,13 +18,40 @@ DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat1
           "fp16": torch.float16, "float16": torch.float16}
 
 
-def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+def parse_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
+    """A dtype name (fp32, bf16, fp16, or auto: see ``auto_dtype``) -> torch.dtype."""
     if isinstance(dtype, torch.dtype):
         return dtype
+    if dtype == "auto":
+        return auto_dtype(device)
     try:
         return DTYPES[dtype]
     except KeyError:
-        raise QuickdraftError(f"unknown dtype {dtype!r}; choose one of fp32, bf16, fp16") from None
+        raise QuickdraftError(f"unknown dtype {dtype!r}; choose one of auto, fp32, bf16, fp16") from None
+
+
+def auto_dtype(device: str | torch.device = "cpu") -> torch.dtype:
+    """bf16 where the hardware has bf16 dot products (CPUs with AVX512-BF16 or AMX, CUDA GPUs that
+    support it), else fp32. On such CPUs a k-row verifying forward in bf16 costs about one 1-row
+    step (1.03-1.16 measured here), against 1.5-2 in fp32: speculation needs exactly that."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
+    if kind == "cpu":
+        probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        if any(getattr(torch.cpu, probe, lambda: False)() for probe in probes):
+            return torch.bfloat16
+    return torch.float32
+
+
+def default_draft_dtype(target_dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
+    """fp32 on CPU: a draft of a few million parameters is bound by per-op overhead, where fp32
+    kernels beat bf16 ones (embedded draft: 0.51 vs 0.82 ms per 1-row step); the target's dtype elsewhere."""
+    return torch.float32 if torch.device(device).type == "cpu" else parse_dtype(target_dtype, device)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
 
 
 @dataclass
@@ -64,7 +91,7 @@ def load_model(
 ) -> LoadedModel:
     model_dir = resolve_model_dir(path_or_id)
     config = ModelConfig.from_file(model_dir / "config.json")
-    model = load_transformer(model_dir, config, dtype=parse_dtype(dtype), device=device)
+    model = load_transformer(model_dir, config, dtype=parse_dtype(dtype, device), device=device)
     # A checkpoint without tokenizer.json still runs on token ids; text prompts then get a clear error.
     tok = Tokenizer.from_dir(model_dir) if tokenizer and (model_dir / "tokenizer.json").exists() else None
     return LoadedModel(

@@ -80,7 +80,7 @@ class Attention(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor] | None,
         keys: torch.Tensor | None,
         values: torch.Tensor | None,
-        slots: slice,
+        slots: slice | torch.Tensor,
         kv_len: int,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
@@ -95,8 +95,12 @@ class Attention(nn.Module):
         if keys is None or values is None:  # training: no cache, plain causal attention
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:
-            keys[:, :, slots] = k
-            values[:, :, slots] = v
+            if isinstance(slots, torch.Tensor):  # static-shape step: positions are data, not Python ints
+                keys.index_copy_(2, slots, k)
+                values.index_copy_(2, slots, v)
+            else:
+                keys[:, :, slots] = k
+                values[:, :, slots] = v
             y = F.scaled_dot_product_attention(
                 q, keys[:, :, :kv_len], values[:, :, :kv_len], attn_mask=mask, is_causal=mask is None and t > 1,
                 enable_gqa=gqa,
@@ -204,7 +208,7 @@ class Transformer(nn.Module):
         start = int(positions) if isinstance(positions, int) else int(positions[0])
         end = start + t
         pos = torch.arange(start, end, device=tokens.device)
-        keys = values = mask = None
+        mask = None
         kv_len = end
         if cache is not None:
             if end > cache.capacity:
@@ -229,12 +233,53 @@ class Transformer(nn.Module):
             x = x + self.pos_embed(pos)
         else:
             rope = self._rope(pos, end)
+        return self._run_layers(x, rope, cache, slice(start, end), kv_len, mask, n_layers, collect)
+
+    def _run_layers(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        cache: KVCache | None,
+        slots: slice | torch.Tensor,
+        kv_len: int,
+        mask: torch.Tensor | None,
+        n_layers: int,
+        collect: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        keys = values = None
         for i in range(n_layers):
             block = self.layers[i]
             if cache is not None:
                 keys, values = cache.keys[i], cache.values[i]
-            x = x + block.attn(block.attn_norm(x), rope, keys, values, slice(start, end), kv_len, mask)
+            x = x + block.attn(block.attn_norm(x), rope, keys, values, slots, kv_len, mask)
             x = x + block.mlp(block.mlp_norm(x))
             if collect is not None:
                 collect.append(x)
         return x
+
+    def prepare_static(self, capacity: int) -> None:
+        """Build the RoPE table for ``capacity`` positions before ``forward_static`` is traced."""
+        if self.pos_embed is None:
+            self._rope(torch.zeros(1, dtype=torch.long, device=self.device), capacity)
+
+    def forward_static(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """tokens [1, T] at ``positions`` [T] (a tensor) -> logits [1, T, vocab].
+
+        Every shape depends on T and the cache capacity only, never on the position: attention spans
+        the whole cache under a mask and keys are written with ``index_copy_``. That is what lets
+        ``torch.compile`` build one graph per row count (call ``prepare_static`` first).
+        """
+        slots = torch.arange(cache.capacity, device=tokens.device)
+        mask = slots[None, :] <= positions[:, None]  # [T, capacity]
+        window = self.config.sliding_window
+        if window is not None:
+            mask &= slots[None, :] > positions[:, None] - window
+        x = self.embed(tokens)
+        rope = None
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(positions)
+        else:
+            assert self._rope_table is not None, "prepare_static() first"
+            rope = (self._rope_table[0][positions], self._rope_table[1][positions])
+        x = self._run_layers(x, rope, cache, positions, cache.capacity, mask, self.config.n_layer)
+        return self.lm_head(self.norm(x))

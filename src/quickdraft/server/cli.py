@@ -28,7 +28,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-body-bytes", type=_positive_int, default=4 * 1024 * 1024,
                         help="largest request body accepted (default 4 MiB)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    parser.set_defaults(func=cmd_serve, default_draft=True)
+    parser.set_defaults(func=cmd_serve, default_draft=True, compile_drafter=True)
 
 
 def _positive_int(text: str) -> int:

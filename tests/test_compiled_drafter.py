@@ -1,0 +1,93 @@
+"""Static-shape forwards, the compiled draft steps, and the dtype defaults around them."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from quickdraft import Engine
+from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.model import compiled
+from quickdraft.model.compiled import CompiledSteps, static_capacity
+from quickdraft.model.loader import auto_dtype, default_draft_dtype, load_model
+from quickdraft.sampling import SamplingParams
+
+
+@torch.inference_mode()
+def test_static_forward_matches_the_ordinary_forward_at_every_position(models):
+    model = models["target"].model
+    cache, static_cache = model.new_cache(64), model.new_cache(64)
+    model.prepare_static(static_cache.capacity)
+    prompt = torch.tensor([[5, 9, 2, 7, 1, 3]])
+    model(prompt, 0, cache)
+    model(prompt, 0, static_cache)  # an eager prefill, then static steps on the same cache
+    position = prompt.shape[1]
+    for rows in (1, 2, 1, 3):
+        tokens = torch.randint(1, 50, (1, rows))
+        expected = model(tokens, position, cache)
+        got = model.forward_static(tokens, torch.arange(position, position + rows), static_cache)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        position += rows
+
+
+def test_static_capacity_is_a_power_of_two_of_at_least_256():
+    assert [static_capacity(n) for n in (1, 256, 257, 600, 1024, 1025)] == [256, 256, 512, 1024, 1024, 2048]
+
+
+@pytest.mark.slow
+def test_compiled_drafter_keeps_greedy_output_and_its_drafts_match_the_eager_drafter(checkpoints, models):
+    eager = Engine(models["target"], load_model(checkpoints["related"]), exact=False)
+    fast = Engine(models["target"], load_model(checkpoints["related"]), exact=False, compile_drafter=True)
+    assert fast.drafter.steps.enabled
+    prompt = list(range(3, 30))
+    plain = eager.generate(prompt, 48, gamma=0).token_ids
+    a, b = eager.generate(prompt, 48, gamma=3), fast.generate(prompt, 48, gamma=3)
+    assert a.token_ids == b.token_ids == plain
+    assert fast.drafter.steps.enabled, "compilation fell back to eager"
+    # Same drafts, hence the same acceptance: compiled steps compute the same logits (to rounding).
+    assert (a.stats.drafted, a.stats.accepted) == (b.stats.drafted, b.stats.accepted)
+    sampled = fast.generate(prompt, 32, SamplingParams(temperature=0.8, seed=1), gamma=3)
+    assert len(sampled.token_ids) == 32
+
+
+def test_a_failing_compile_falls_back_to_eager_drafting_with_one_warning(models, monkeypatch, caplog):
+    def broken_compile(fn, **kwargs):
+        def run(*args):
+            raise RuntimeError("no C++ compiler")
+        return run
+
+    monkeypatch.setattr(compiled.torch, "compile", broken_compile)
+    drafter = DraftModelDrafter(models["related"], compile=True)
+    engine = Engine(models["target"], drafter, exact=False)
+    with caplog.at_level(logging.WARNING):
+        result = engine.generate(list(range(3, 20)), 24, gamma=3)
+    assert result.token_ids == engine.generate(list(range(3, 20)), 24, gamma=0).token_ids
+    assert not drafter.steps.enabled
+    assert sum("drafting eagerly" in r.message for r in caplog.records) == 1
+
+
+def test_compiled_steps_disabled_run_the_ordinary_forward(models):
+    steps = CompiledSteps(models["target"].model, enabled=False)
+    cache = models["target"].model.new_cache(32)
+    steps.prepare(cache)  # nothing to build
+    logits = steps.run([4, 5], 0, cache)
+    assert logits.shape == (2, models["target"].config.vocab_size)
+
+
+def test_auto_dtype_is_bf16_only_where_the_cpu_has_bf16_dot_products(monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    assert auto_dtype("cpu") == torch.bfloat16
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert auto_dtype("cpu") == torch.float32
+
+
+def test_a_draft_model_runs_in_fp32_on_cpu_by_default_whatever_the_targets_dtype(checkpoints):
+    assert default_draft_dtype("bf16", "cpu") == torch.float32
+    engine = Engine(checkpoints["target"], checkpoints["related"], dtype="bf16", exact=False)
+    assert engine.model.dtype == torch.bfloat16
+    assert engine.drafter.model.dtype == torch.float32
+    pinned = Engine(checkpoints["target"], checkpoints["related"], dtype="bf16", draft_dtype="bf16", exact=False)
+    assert pinned.drafter.model.dtype == torch.bfloat16
