@@ -40,6 +40,9 @@ def test_shipped_prompt_set_has_continuations_and_grounded_tasks() -> None:
     assert kinds == {"continuation", "grounded"}
     assert len({p["id"] for p in prompts}) == len(prompts)
     assert {p["kind"] for p in load_prompts(limit=2)} == kinds  # a limit keeps both kinds
+    # Byte-level BPE merges a newline with the next line's indentation: a prompt ending in a bare
+    # newline ends on a token boundary the model never saw in training, and derails it.
+    assert not [p["id"] for p in prompts if p["prompt"] != p["prompt"].rstrip()]
 
 
 def test_alpha_counts_a_fully_accepted_step_as_no_rejection() -> None:
@@ -66,6 +69,9 @@ def test_bench_reports_every_configuration_and_greedy_outputs_equal_plain(pair, 
     assert expected <= set(rows)
     assert rows["plain"]["speedup"] == pytest.approx(1.0)
     assert rows["plain T=0.8"]["speedup"] == pytest.approx(1.0)  # sampling runs are measured against plain sampling
+    assert rows["plain"]["speedup_by_kind"] == pytest.approx({"continuation": 1.0, "grounded": 1.0})
+    assert set(rows["prompt lookup auto"]["speedup_by_kind"]) == {"continuation", "grounded"}
+    assert report["settings"]["dtype"] in ("fp32", "bf16") and report["settings"]["draft_dtype"] == "fp32"
     assert rows["draft auto T=0.8"]["baseline"] == "plain T=0.8"
     for row in rows.values():
         assert row["tokens"] == 2 * 10  # EOS ignored: every method generates max_new_tokens per prompt

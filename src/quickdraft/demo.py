@@ -10,6 +10,7 @@ from pathlib import Path
 
 from quickdraft.assets import default_draft_path, default_target_path, embedded_pair_available
 from quickdraft.engine import Engine
+from quickdraft.model.loader import dtype_name
 
 DEMO_PROMPT = 'def read_config(path):\n    """Read a JSON configuration file and return it as a dict."""\n'
 MAX_NEW_TOKENS = 160
@@ -57,10 +58,11 @@ def run_demo() -> int:
         print("quickdraft demo: the embedded model pair is not installed, so this runs on a small RANDOM "
               "model pair built on the fly (token ids, no text).\n", file=sys.stderr)
     apply_threads_from_environment()
-    # bf16: on CPUs with bf16 dot products a verifying forward costs about one plain step, and
-    # plain decoding is no slower than fp32. Exact mode keeps the output bit-identical to plain
-    # greedy decoding of the same engine; the baseline is the fastest plain decoding (1-row forwards).
-    engine = Engine(target, draft, exact=True, dtype="bf16")
+    # dtype auto: bf16 on CPUs with bf16 dot products, where a verifying forward costs about one
+    # plain step and plain decoding is no slower than fp32. The draft runs in fp32, compiled.
+    # Exact mode keeps the output bit-identical to plain greedy decoding of the same engine; the
+    # baseline is the fastest plain decoding (1-row forwards).
+    engine = Engine(target, draft, exact=True, dtype="auto", compile_drafter=True)
     baseline = Engine(engine.target, None, exact=False)
     engine.generate(prompt, 16, gamma="auto")  # warm-up
     baseline.generate(prompt, 16, gamma=0)
@@ -86,6 +88,6 @@ def run_demo() -> int:
         f"\n\n{s.generated_tokens} tokens at {spec_tps:.1f} tokens/s speculative vs {plain_tps:.1f} plain "
         f"= {spec_tps / plain_tps:.2f}x speedup (medians of {ROUNDS + 1} and {ROUNDS} runs); "
         f"acceptance {s.acceptance_rate:.2f}, {s.mean_accepted_length:.2f} tokens per target pass; "
-        f"output {same} plain greedy decoding (bf16, exact mode)"
+        f"output {same} plain greedy decoding ({dtype_name(engine.model.dtype)}, exact mode)"
     )
     return 0

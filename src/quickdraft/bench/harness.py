@@ -194,6 +194,7 @@ class RoundResult:
     seconds: float = 0.0  # by the bench's clock
     wall_seconds: float = 0.0
     outputs: list[list[int]] = field(default_factory=list)
+    prompt_seconds: list[float] = field(default_factory=list)  # per prompt, by the bench's clock
     target_seconds: float = 0.0
     target_calls: int = 0
     drafter_seconds: float = 0.0
@@ -393,7 +394,9 @@ class Bench:
                     rr = results[method.name]
                     t0, w0 = clock(), time.perf_counter()
                     out, stats = runner(ids, s.max_new_tokens, s.seed + i)
-                    rr.seconds += clock() - t0
+                    elapsed = clock() - t0
+                    rr.seconds += elapsed
+                    rr.prompt_seconds.append(elapsed)
                     rr.wall_seconds += time.perf_counter() - w0
                     rr.tokens += len(out)
                     rr.outputs.append(list(out))
@@ -404,7 +407,7 @@ class Bench:
                     bar.update(1)
             rounds.append(results)
         bar.close()
-        rows = summarize(methods, rounds)
+        rows = summarize(methods, rounds, [p["kind"] for p in prompts])
         headline = headline_figures(rows)
         return {
             "settings": _jsonable(asdict(s)),
@@ -429,8 +432,27 @@ def _progress(total: int, enabled: bool):
 
 
 # ---- summary --------------------------------------------------------------------------------
-def summarize(methods: list[Method], rounds: list[dict[str, RoundResult]]) -> list[dict[str, Any]]:
-    """One row per method: medians over rounds, acceptance figures over all rounds."""
+def speedup_by_kind(runs: list[RoundResult], base: list[RoundResult], kinds: Sequence[str]) -> dict[str, float]:
+    """Per prompt kind: the median over rounds of (tokens/s on that kind's prompts) / the baseline's."""
+    out = {}
+    for kind in dict.fromkeys(kinds):
+        ratios = []
+        for r, b in zip(runs, base):
+            idx = [i for i, k in enumerate(kinds) if k == kind and i < len(r.prompt_seconds) and i < len(b.prompt_seconds)]
+            tokens, base_tokens = sum(len(r.outputs[i]) for i in idx), sum(len(b.outputs[i]) for i in idx)
+            seconds, base_seconds = sum(r.prompt_seconds[i] for i in idx), sum(b.prompt_seconds[i] for i in idx)
+            if seconds and base_seconds and base_tokens:
+                ratios.append((tokens / seconds) / (base_tokens / base_seconds))
+        if ratios:
+            out[kind] = statistics.median(ratios)
+    return out
+
+
+def summarize(methods: list[Method], rounds: list[dict[str, RoundResult]],
+              kinds: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """One row per method: medians over rounds, acceptance figures over all rounds; with the prompts'
+    kinds, the speedup per kind as well (continuations and input-grounded tasks differ most for
+    prompt lookup)."""
     rows = []
     for m in methods:
         per_round = [rd[m.name] for rd in rounds]
@@ -446,6 +468,7 @@ def summarize(methods: list[Method], rounds: list[dict[str, RoundResult]]) -> li
             "tokens_per_s": tps, "tokens_per_s_rounds": [r.tokens_per_s for r in per_round],
             "tokens_per_wall_s": statistics.median(r.tokens / r.wall_seconds for r in per_round if r.wall_seconds),
             "speedup": speedup, "baseline": base_name,
+            "speedup_by_kind": speedup_by_kind(per_round, base, kinds) if kinds else {},
             "tokens": per_round[0].tokens,
         }
         plain_step = [b.target_seconds / b.target_calls for b in base if b.target_calls]

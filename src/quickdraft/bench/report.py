@@ -10,7 +10,7 @@ CLOCK_NAMES = {"wall": "wall-clock time", "cpu": "the process's CPU time (the ma
 
 COLUMNS = (
     ("method", "method"), ("decoding", "decoding"), ("tokens/s", "tokens_per_s"), ("speedup", "speedup"),
-    ("α", "alpha"), ("accepted/drafted", "acceptance_rate"), ("tokens/call", "mean_accepted_length"),
+    ("speedup by prompt kind", "speedup_by_kind"), ("α", "alpha"), ("accepted/drafted", "acceptance_rate"), ("tokens/call", "mean_accepted_length"),
     ("mean γ", "gamma_mean"), ("c", "cost"), ("verify cost", "verify_cost"), ("bound", "bound"),
     ("efficiency", "efficiency"), ("bound (verify cost)", "bound_with_verify_cost"), ("= plain", "equals_plain_fraction"), ("per-position acceptance", "per_position_acceptance"),
 )
@@ -19,6 +19,8 @@ COLUMNS = (
 def _fmt(key: str, value: Any) -> str:
     if value is None:
         return "–"
+    if key == "speedup_by_kind":
+        return " · ".join(f"{kind} {v:.2f}×" for kind, v in value.items()) or "–"
     if key == "per_position_acceptance":
         return " ".join("–" if v is None else f"{v:.2f}" for v in value)
     if key == "equals_plain_fraction":
