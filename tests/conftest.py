@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 # The test models are tiny: one thread is fastest, and pytest-xdist's workers share the cores.
 torch.set_num_threads(1)
+# Calibration results (early-exit layer) must not leak between test runs or into the user's cache.
+os.environ["QUICKDRAFT_CACHE_DIR"] = tempfile.mkdtemp(prefix="quickdraft-test-cache-")
 
 from hf_factory import make_hf_checkpoint  # noqa: E402
 

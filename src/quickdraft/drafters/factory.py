@@ -24,14 +24,21 @@ def _parse_int(spec: str, value: str) -> int:
         raise QuickdraftError(f"drafter {spec!r}: {value!r} is not an integer") from None
 
 
-def default_exit_layer(target: LoadedModel) -> int:
-    """The exit layer recorded by training (config.json), else a quarter of the layers."""
+def trained_exit_layer(target: LoadedModel) -> int | None:
+    """The exit layer recorded by training in config.json, if any."""
     config_path = target.path / "config.json"
     if config_path.exists():
         recorded = json.loads(config_path.read_text()).get(EARLY_EXIT_CONFIG_KEY)
         if recorded:
             return int(recorded)
-    return max(1, target.config.n_layer // 4)
+    return None
+
+
+def default_exit_layer(target: LoadedModel) -> int:
+    """L by calibration: measured tokens/s per candidate layer, cached per model (calibrate.py)."""
+    from quickdraft.calibrate import calibrate_exit_layer
+
+    return calibrate_exit_layer(target, trained_exit_layer(target)).layer
 
 
 def make_drafter(
