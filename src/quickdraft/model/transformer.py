@@ -147,6 +147,7 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed.weight
         self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._lm_head_t: torch.Tensor | None = None  # [n_embd, vocab], built by prepare_static
 
     @property
     def dtype(self) -> torch.dtype:
@@ -258,9 +259,15 @@ class Transformer(nn.Module):
         return x
 
     def prepare_static(self, capacity: int) -> None:
-        """Build the RoPE table for ``capacity`` positions before ``forward_static`` is traced."""
+        """Build what ``forward_static`` reads before it is traced: the RoPE table for ``capacity``
+        positions, and a transposed copy of the LM head (inference only: later weight updates are
+        not seen). For a small draft the LM head is most of the weights and is read cold after
+        every target forward; ``x @ Wᵀ`` with Wᵀ contiguous streams it faster than ``linear``
+        (embedded draft, cold cache: 0.18 vs 0.29 ms)."""
         if self.pos_embed is None:
             self._rope(torch.zeros(1, dtype=torch.long, device=self.device), capacity)
+        if self._lm_head_t is None:
+            self._lm_head_t = self.lm_head.weight.detach().t().contiguous()
 
     def forward_static(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """tokens [1, T] at ``positions`` [T] (a tensor) -> logits [1, T, vocab].
@@ -282,4 +289,5 @@ class Transformer(nn.Module):
             assert self._rope_table is not None, "prepare_static() first"
             rope = (self._rope_table[0][positions], self._rope_table[1][positions])
         x = self._run_layers(x, rope, cache, positions, cache.capacity, mask, self.config.n_layer)
-        return self.lm_head(self.norm(x))
+        assert self._lm_head_t is not None, "prepare_static() first"
+        return self.norm(x) @ self._lm_head_t
