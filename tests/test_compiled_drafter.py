@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from quickdraft import Engine
+from quickdraft import Engine, QuickdraftError
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.model import compiled
 from quickdraft.model.compiled import CompiledSteps, static_capacity
@@ -65,7 +65,7 @@ def test_a_failing_compile_falls_back_to_eager_drafting_with_one_warning(models,
         result = engine.generate(list(range(3, 20)), 24, gamma=3)
     assert result.token_ids == engine.generate(list(range(3, 20)), 24, gamma=0).token_ids
     assert not drafter.steps.enabled
-    assert sum("drafting eagerly" in r.message for r in caplog.records) == 1
+    assert sum("running eagerly" in r.message for r in caplog.records) == 1
 
 
 def test_compiled_steps_disabled_run_the_ordinary_forward(models):
@@ -91,3 +91,20 @@ def test_a_draft_model_runs_in_fp32_on_cpu_by_default_whatever_the_targets_dtype
     assert engine.drafter.model.dtype == torch.float32
     pinned = Engine(checkpoints["target"], checkpoints["related"], dtype="bf16", draft_dtype="bf16", exact=False)
     assert pinned.drafter.model.dtype == torch.bfloat16
+
+
+@pytest.mark.slow
+def test_compiled_target_steps_keep_plain_and_speculative_greedy_output(checkpoints, models):
+    eager = Engine(models["target"], load_model(checkpoints["related"]), exact=False)
+    compiled_target = Engine(models["target"], load_model(checkpoints["related"]), exact=False, compile_target=True)
+    prompt = list(range(5, 40))
+    plain = eager.generate(prompt, 40, gamma=0).token_ids
+    assert compiled_target.generate(prompt, 40, gamma=0).token_ids == plain
+    spec = compiled_target.generate(prompt, 40, gamma=3)
+    assert spec.token_ids == plain and spec.stats.accepted > 0
+    assert compiled_target.target_steps.enabled, "compilation fell back to eager"
+
+
+def test_compiled_target_steps_refuse_exact_mode(models):
+    with pytest.raises(QuickdraftError, match="compile_target needs exact=False"):
+        Engine(models["target"], None, exact=True, compile_target=True)

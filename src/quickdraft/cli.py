@@ -48,6 +48,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile-drafter", action=argparse.BooleanOptionalAction,
                         help="torch.compile the draft model's steps: seconds of compilation at the first "
                         "request, then faster drafting (default: on for serve and bench, off for generate)")
+    parser.add_argument("--compile-target", action=argparse.BooleanOptionalAction,
+                        help="torch.compile the target's decode and verify steps (needs --no-exact; seconds "
+                        "of compilation per context-size bucket, then faster steps; default: on for bench's "
+                        "non-exact runs, off elsewhere)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
     parser.add_argument("--no-exact", action="store_true", help="skip exact mode's fixed-row forwards (faster, "
                         "greedy output may then differ from plain decoding on near-ties)")
@@ -90,7 +94,8 @@ def build_engine(args: argparse.Namespace):
 
     target, drafter = resolve_target_and_drafter(args)
     return Engine(target, drafter, exact=not args.no_exact, dtype=args.dtype, device=args.device,
-                  draft_dtype=args.draft_dtype, compile_drafter=bool(args.compile_drafter))
+                  draft_dtype=args.draft_dtype, compile_drafter=bool(args.compile_drafter),
+                  compile_target=bool(args.compile_target))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

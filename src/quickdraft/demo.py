@@ -63,7 +63,7 @@ def run_demo() -> int:
     # Exact mode keeps the output bit-identical to plain greedy decoding of the same engine; the
     # baseline is the fastest plain decoding (1-row forwards).
     engine = Engine(target, draft, exact=True, dtype="auto", compile_drafter=True)
-    baseline = Engine(engine.target, None, exact=False)
+    baseline = Engine(engine.target, None, exact=False, compile_target=True)  # our fastest plain decoding
     engine.generate(prompt, 16, gamma="auto")  # warm-up
     baseline.generate(prompt, 16, gamma=0)
     if isinstance(prompt, str):

@@ -16,6 +16,7 @@ from quickdraft.drafters.base import Draft, DraftContext, Drafter
 from quickdraft.drafters.factory import make_drafter
 from quickdraft.errors import ContextLengthError, QuickdraftError
 from quickdraft.exact import exact_row_bucket
+from quickdraft.model.compiled import CompiledSteps, static_capacity
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.loader import LoadedModel, default_draft_dtype, load_model
 from quickdraft.sampling import GREEDY, SamplingParams, probabilities
@@ -109,11 +110,15 @@ class Engine:
         confidence_stop: float | None = None,
         draft_dtype: str | torch.dtype | None = None,
         compile_drafter: bool = False,
+        compile_target: bool = False,
     ) -> None:
         """``draft_dtype``: a draft model's dtype (default: ``default_draft_dtype``, fp32 on CPU).
         ``compile_drafter``: run the draft
         model's 1- and 2-row steps through torch.compile (seconds of compilation on first use,
-        then ~0.6x the step time; output unchanged either way)."""
+        then ~0.6x the step time; output unchanged either way). ``compile_target``: the same for
+        the target's decode and verify steps (1 row, or padded to max_gamma + 1 rows), plain
+        decoding included; needs ``exact=False`` (exact mode's bit-identity is proven for the
+        eager kernels it probes, not for compiled ones)."""
         if not isinstance(max_gamma, int) or max_gamma < 1:
             raise QuickdraftError(f"max_gamma must be an integer >= 1, got {max_gamma!r}")
         self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype=dtype, device=device)
@@ -132,12 +137,17 @@ class Engine:
         if draft_dtype is None:
             draft_dtype = default_draft_dtype(dtype, device)
         self.drafter = make_drafter(drafter, self.target, dtype=draft_dtype, device=device, compile=compile_drafter)
+        if compile_target and exact:
+            raise QuickdraftError("compile_target needs exact=False: exact mode's bit-identical rows are probed for "
+                                  "the eager kernels, not for compiled ones")
+        self.target_steps = CompiledSteps(self.model, enabled=True, row_buckets=(1, max_gamma + 1)) if compile_target else None
         self.exact_rows: int | None = None
         if exact:
             self.exact_rows = exact_row_bucket(self.model, max_gamma + 1)
             if self.exact_rows is None:
                 log.warning("no row count up to 64 gives row-invariant kernels on this platform; exact mode is off")
         self.eos_token_ids = frozenset(self.target.eos_token_ids)
+        self._prepared_capacities: set[int] = set()
 
     @property
     def exact(self) -> bool:
@@ -252,7 +262,9 @@ class Engine:
         holds every committed token but the last (which the next forward feeds)."""
         rows = self.exact_rows or 0
         capacity = _round_up(len(prompt_ids) + max_new_tokens + max(rows, self.max_gamma + 1), CACHE_ROUNDING)
-        cache = self.model.new_cache(capacity)
+        if self.target_steps is not None:
+            capacity = static_capacity(capacity)  # compiled steps are shaped by it: few distinct values
+        cache = self._new_target_cache(capacity)
         seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
         generator = torch.Generator().manual_seed(seed)
         if drafter is not None:
@@ -301,6 +313,14 @@ class Engine:
             stats.decode_seconds = time.perf_counter() - decode_start
             yield new
 
+    def _new_target_cache(self, capacity: int) -> KVCache:
+        cache = self.model.new_cache(capacity)
+        if self.target_steps is not None and capacity not in self._prepared_capacities:
+            self.target_steps.prepare(cache)  # graphs for this capacity, built before the request's clock starts
+            self._prepared_capacities.add(capacity)
+            cache.reset()
+        return cache
+
     def _target_forward(self, tokens: list[int], cache: KVCache, *, pad_to: int) -> torch.Tensor:
         """Feed ``tokens`` at the cache's length -> logits [len(tokens), vocab_limit].
 
@@ -308,6 +328,8 @@ class Engine:
         every call has the same shapes; padding rows write scratch slots past the committed length.
         """
         n = len(tokens)
+        if self.target_steps is not None and cache.length > 0:
+            return self.target_steps.run(tokens, cache.length, cache)[:, : self.vocab_limit]
         padded = tokens + [0] * (pad_to - n) if pad_to else tokens
         if pad_to and n > pad_to:
             raise AssertionError(f"{n} rows exceed the exact-mode bucket {pad_to}")

@@ -44,7 +44,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
                         "shared with other work; use with --threads 1)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=cmd_bench, default_draft=True, compile_drafter=True)
+    p.set_defaults(func=cmd_bench, default_draft=True, compile_drafter=True, compile_target=True)
 
 
 def settings_from_args(args: argparse.Namespace):
@@ -69,7 +69,8 @@ def settings_from_args(args: argparse.Namespace):
         repeats=args.repeats, gammas=args.gammas, max_gamma=args.max_gamma, sampling_gammas=args.sampling_gammas, threads=args.threads,
     ).items() if v is not None}
     common = dict(target=target, draft=draft, dtype=args.dtype, draft_dtype=args.draft_dtype,
-                  compile_drafter=bool(args.compile_drafter), device=args.device, exact=not args.no_exact,
+                  compile_drafter=bool(args.compile_drafter), compile_target=bool(args.compile_target),
+                  device=args.device, exact=not args.no_exact,
                   early_exit=early_exit, prompt_lookup=prompt_lookup, peers=not args.no_peers,
                   temperature=args.temperature, seed=args.seed, clock=args.clock, **overrides)
     return BenchSettings.quick(**common) if args.quick else BenchSettings(**common)

@@ -56,6 +56,7 @@ class BenchSettings:
     dtype: str = "auto"  # the target's: auto = bf16 where the hardware has bf16 dot products
     draft_dtype: str | None = None  # None: default_draft_dtype (fp32 on CPU)
     compile_drafter: bool = True  # torch.compile the draft model's steps (compiled during the warm-up)
+    compile_target: bool = True  # the same for the target's steps in every non-exact engine, plain included
     device: str = "cpu"
     prompts: str | None = None  # JSONL of {"id", "kind", "prompt"}; None: the shipped set
     prompt_limit: int | None = None  # use the first N prompts, continuations and grounded interleaved
@@ -265,7 +266,8 @@ class Bench:
                     drafter = RecordingDrafter(make_drafter(s.early_exit, target))
                 elif kind == "prompt-lookup":
                     drafter = RecordingDrafter(make_drafter(s.prompt_lookup, target))
-                e = Engine(target, drafter, exact=exact, dtype=s.dtype, device=s.device, max_gamma=s.max_gamma)
+                e = Engine(target, drafter, exact=exact, dtype=s.dtype, device=s.device, max_gamma=s.max_gamma,
+                           compile_target=s.compile_target and not exact)
                 if exact and not e.exact:
                     raise QuickdraftError("exact mode is unavailable on this platform; rerun with --no-exact")
                 e.eos_token_ids = frozenset()  # ignore EOS: every method generates max_new_tokens

@@ -30,35 +30,53 @@ def static_capacity(needed: int) -> int:
     return capacity
 
 
-class CompiledSteps:
-    """``run(tokens, start, cache)`` -> logits [T, vocab]: compiled for T <= ``max_rows``, eager
-    (the ordinary forward, same cache) for longer inputs such as a prompt."""
+# One code object (Transformer.forward_static) serves every compiled model of a process: draft
+# and target, a graph per (model shapes, rows, capacity). dynamo's default of 8 graphs per code
+# object would silently drop the rest to eager.
+if getattr(torch._dynamo.config, "recompile_limit", 0) < 64:
+    torch._dynamo.config.recompile_limit = 64
 
-    def __init__(self, model: Transformer, *, enabled: bool, max_rows: int = 2) -> None:
+
+class CompiledSteps:
+    """``run(tokens, start, cache)`` -> logits [T, vocab]. T rows are padded up to the smallest of
+    ``row_buckets`` that holds them and run compiled (padding rows write scratch slots past the
+    caller's committed length, which later forwards overwrite); longer inputs, such as a prompt,
+    run the ordinary eager forward on the same cache."""
+
+    def __init__(self, model: Transformer, *, enabled: bool, row_buckets: tuple[int, ...] = (1, 2)) -> None:
         self.model = model
-        self.max_rows = max_rows
+        self.row_buckets = tuple(sorted(row_buckets))
         self.enabled = enabled
         self._compiled = torch.compile(model.forward_static, dynamic=False, fullgraph=True) if enabled else None
 
+    @property
+    def max_rows(self) -> int:
+        return self.row_buckets[-1]
+
     def prepare(self, cache: KVCache) -> None:
-        """Build every graph for this cache now (each row count once, writing scratch slots from 0
+        """Build every graph for this cache now (each bucket once, writing scratch slots from 0
         on that the caller's prefill overwrites), so no compilation lands inside a request's decode."""
         if not self.enabled:
             return
         self.model.prepare_static(cache.capacity)
         with torch.inference_mode():
-            for rows in range(1, self.max_rows + 1):
+            for rows in self.row_buckets:
                 self.run([0] * rows, 0, cache)
 
     def run(self, tokens: list[int], start: int, cache: KVCache) -> torch.Tensor:
-        x = torch.tensor([tokens], device=self.model.device)
-        if self._compiled is not None and len(tokens) <= self.max_rows:
-            positions = torch.arange(start, start + len(tokens), device=self.model.device)
-            try:
-                return self._compiled(x, positions, cache)[0]
-            except Exception as exc:  # noqa: BLE001 - any compile failure: eager is always correct
-                log.warning("compiling the draft model's steps failed (%s: %s); drafting eagerly",
-                            type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
-                self._compiled = None
-                self.enabled = False
-        return self.model(x, start, cache)[0]
+        n = len(tokens)
+        if self._compiled is not None and n <= self.max_rows:
+            rows = next(b for b in self.row_buckets if b >= n)
+            # Padding rows need positions inside the cache (and inside a learned position table).
+            limit = cache.capacity if self.model.pos_embed is None else min(cache.capacity, self.model.config.block_size)
+            if start + rows <= limit:
+                x = torch.tensor([tokens + [0] * (rows - n)], device=self.model.device)
+                positions = torch.arange(start, start + rows, device=self.model.device)
+                try:
+                    return self._compiled(x, positions, cache)[0, :n]
+                except Exception as exc:  # noqa: BLE001 - any compile failure: eager is always correct
+                    log.warning("compiling %d-row steps failed (%s: %s); running eagerly", rows,
+                                type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+                    self._compiled = None
+                    self.enabled = False
+        return self.model(torch.tensor([tokens], device=self.model.device), start, cache)[0]
