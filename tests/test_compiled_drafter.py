@@ -9,15 +9,18 @@ import torch
 
 from quickdraft import Engine, QuickdraftError
 from quickdraft.drafters.draft_model import DraftModelDrafter
-from quickdraft.model import compiled
+from quickdraft.model import compiled, transformer
 from quickdraft.model.compiled import CompiledSteps, static_capacity
 from quickdraft.model.loader import auto_dtype, default_draft_dtype, load_model
 from quickdraft.sampling import SamplingParams
 
 
+@pytest.mark.parametrize("transposed_lm_head", [True, False])
 @torch.inference_mode()
-def test_static_forward_matches_the_ordinary_forward_at_every_position(models):
-    model = models["target"].model
+def test_static_forward_matches_the_ordinary_forward_at_every_position(checkpoints, monkeypatch, transposed_lm_head):
+    if not transposed_lm_head:  # an LM head above the copy limit goes through linear
+        monkeypatch.setattr(transformer, "LM_HEAD_COPY_LIMIT_BYTES", 0)
+    model = load_model(checkpoints["target"]).model
     cache, static_cache = model.new_cache(64), model.new_cache(64)
     model.prepare_static(static_cache.capacity)
     prompt = torch.tensor([[5, 9, 2, 7, 1, 3]])
@@ -30,6 +33,7 @@ def test_static_forward_matches_the_ordinary_forward_at_every_position(models):
         got = model.forward_static(tokens, torch.arange(position, position + rows), static_cache)
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
         position += rows
+    assert (model._lm_head_t is not None) == transposed_lm_head
 
 
 def test_static_capacity_is_a_power_of_two_of_at_least_256():

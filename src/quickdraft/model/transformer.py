@@ -17,6 +17,11 @@ from quickdraft.model.config import ModelConfig
 from quickdraft.model.kv_cache import KVCache
 
 
+# prepare_static keeps a transposed copy of an LM head up to this size (a small model's LM head is
+# most of its weights and streams faster that way); beyond it the copy would cost real memory.
+LM_HEAD_COPY_LIMIT_BYTES = 64 * 2**20
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -266,8 +271,9 @@ class Transformer(nn.Module):
         (embedded draft, cold cache: 0.18 vs 0.29 ms)."""
         if self.pos_embed is None:
             self._rope(torch.zeros(1, dtype=torch.long, device=self.device), capacity)
-        if self._lm_head_t is None:
-            self._lm_head_t = self.lm_head.weight.detach().t().contiguous()
+        weight = self.lm_head.weight
+        if self._lm_head_t is None and weight.numel() * weight.element_size() <= LM_HEAD_COPY_LIMIT_BYTES:
+            self._lm_head_t = weight.detach().t().contiguous()
 
     def forward_static(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """tokens [1, T] at ``positions`` [T] (a tensor) -> logits [1, T, vocab].
@@ -289,5 +295,6 @@ class Transformer(nn.Module):
             assert self._rope_table is not None, "prepare_static() first"
             rope = (self._rope_table[0][positions], self._rope_table[1][positions])
         x = self._run_layers(x, rope, cache, positions, cache.capacity, mask, self.config.n_layer)
-        assert self._lm_head_t is not None, "prepare_static() first"
+        if self._lm_head_t is None:  # a large LM head is not worth a second copy
+            return self.lm_head(self.norm(x))
         return self.norm(x) @ self._lm_head_t
