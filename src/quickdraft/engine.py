@@ -113,14 +113,17 @@ class Engine:
         compile_target: bool = False,
     ) -> None:
         """``draft_dtype``: a draft model's dtype (default: ``default_draft_dtype``, fp32 on CPU).
-        ``compile_drafter``: run the draft
-        model's 1- and 2-row steps through torch.compile (seconds of compilation on first use,
-        then ~0.6x the step time; output unchanged either way). ``compile_target``: the same for
+        ``compile_drafter``: run the draft model's 1- and 2-row steps through torch.compile (seconds
+        of compilation on first use, then ~0.6x the step time; output unchanged either way).
+        ``compile_target``: the same for
         the target's decode and verify steps (1 row, or padded to max_gamma + 1 rows), plain
         decoding included; needs ``exact=False`` (exact mode's bit-identity is proven for the
         eager kernels it probes, not for compiled ones)."""
         if not isinstance(max_gamma, int) or max_gamma < 1:
             raise QuickdraftError(f"max_gamma must be an integer >= 1, got {max_gamma!r}")
+        if compile_target and exact:
+            raise QuickdraftError("compile_target needs exact=False: exact mode's bit-identical rows are probed for "
+                                  "the eager kernels, not for compiled ones")
         self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype=dtype, device=device)
         self.model = self.target.model
         self.tokenizer = self.target.tokenizer
@@ -137,9 +140,6 @@ class Engine:
         if draft_dtype is None:
             draft_dtype = default_draft_dtype(dtype, device)
         self.drafter = make_drafter(drafter, self.target, dtype=draft_dtype, device=device, compile=compile_drafter)
-        if compile_target and exact:
-            raise QuickdraftError("compile_target needs exact=False: exact mode's bit-identical rows are probed for "
-                                  "the eager kernels, not for compiled ones")
         self.target_steps = CompiledSteps(self.model, enabled=True, row_buckets=(1, max_gamma + 1)) if compile_target else None
         self.exact_rows: int | None = None
         if exact:
