@@ -10,7 +10,6 @@ import torch
 
 from quickdraft.assets import default_target_path
 from quickdraft.bench.harness import encode_prompt, load_prompts
-from quickdraft.drafters.base import Draft
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.engine import Engine
 from quickdraft.model.loader import load_model
@@ -31,15 +30,10 @@ class SourceRecordingLookup(PromptLookupDrafter):
         super().begin(prompt_ids, context)
         self.prompt_length = len(prompt_ids)
 
-    def propose(self, tokens, k, sampling, generator, confidence_stop=None) -> Draft:  # noqa: ANN001
-        self._update_index(tokens)
-        self.from_prompt = None
-        for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
-            start = self._index[n].get(tuple(tokens[-n:]))
-            if start is not None:
-                self.from_prompt = start + n < self.prompt_length
-                break
-        return super().propose(tokens, k, sampling, generator, confidence_stop)
+    def find_source(self, tokens: list[int]) -> int | None:
+        source = super().find_source(tokens)
+        self.from_prompt = None if source is None else source < self.prompt_length
+        return source
 
     def accept(self, n_accepted: int) -> None:
         if self.from_prompt is not None:

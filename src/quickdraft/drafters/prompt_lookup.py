@@ -41,12 +41,18 @@ class PromptLookupDrafter(Drafter):
         generator: torch.Generator | None,
         confidence_stop: float | None = None,
     ) -> Draft:
+        source = self.find_source(tokens)
+        return Draft([] if source is None else _copy_forward(tokens, source, k), None)
+
+    def find_source(self, tokens: list[int]) -> int | None:
+        """Where the copy starts: the position after the most recent earlier occurrence of the
+        context's longest matching suffix n-gram, or None when nothing matches."""
         self._update_index(tokens)
         for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
             start = self._index[n].get(tuple(tokens[-n:]))
             if start is not None:
-                return Draft(_copy_forward(tokens, start + n, k), None)
-        return Draft([], None)
+                return start + n
+        return None
 
     @property
     def relative_cost_hint(self) -> float:

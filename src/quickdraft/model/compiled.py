@@ -46,8 +46,12 @@ class CompiledSteps:
     def __init__(self, model: Transformer, *, enabled: bool, row_buckets: tuple[int, ...] = (1, 2)) -> None:
         self.model = model
         self.row_buckets = tuple(sorted(row_buckets))
-        self.enabled = enabled
         self._compiled = torch.compile(model.forward_static, dynamic=False, fullgraph=True) if enabled else None
+
+    @property
+    def enabled(self) -> bool:
+        """Compiled steps are in use (False when off, or after a compile failure fell back to eager)."""
+        return self._compiled is not None
 
     @property
     def max_rows(self) -> int:
@@ -78,5 +82,4 @@ class CompiledSteps:
                     log.warning("compiling %d-row steps failed (%s: %s); running eagerly", rows,
                                 type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
                     self._compiled = None
-                    self.enabled = False
         return self.model(torch.tensor([tokens], device=self.model.device), start, cache)[0]

@@ -225,10 +225,7 @@ class Transformer(nn.Module):
             # No mask needed (SDPA's cheaper paths) when every cached key is visible to the single
             # query, or when a prefill from position 0 is plainly causal.
             if full_window or windowed or (t > 1 and start > 0):
-                slots = torch.arange(kv_len, device=tokens.device)
-                mask = slots[None, :] <= pos[:, None]  # [T, kv_len]: True where a query may attend
-                if windowed:
-                    mask &= slots[None, :] > pos[:, None] - window
+                mask = self._attention_mask(pos, kv_len, windowed)
         elif self.config.sliding_window is not None and end > self.config.sliding_window:
             raise ValueError("training without a cache does not apply the sliding window; use shorter sequences")
         n_layers = self.config.n_layer if exit_layer is None else exit_layer
@@ -240,6 +237,15 @@ class Transformer(nn.Module):
         else:
             rope = self._rope(pos, end)
         return self._run_layers(x, rope, cache, slice(start, end), kv_len, mask, n_layers, collect)
+
+    def _attention_mask(self, positions: torch.Tensor, kv_len: int, windowed: bool) -> torch.Tensor:
+        """[T, kv_len]: True where the query at each of ``positions`` may attend to a cache slot
+        (causal, and inside the sliding window when ``windowed``)."""
+        slots = torch.arange(kv_len, device=positions.device)
+        mask = slots[None, :] <= positions[:, None]
+        if windowed:
+            mask &= slots[None, :] > positions[:, None] - self.config.sliding_window
+        return mask
 
     def _run_layers(
         self,
@@ -282,18 +288,13 @@ class Transformer(nn.Module):
         the whole cache under a mask and keys are written with ``index_copy_``. That is what lets
         ``torch.compile`` build one graph per row count (call ``prepare_static`` first).
         """
-        slots = torch.arange(cache.capacity, device=tokens.device)
-        mask = slots[None, :] <= positions[:, None]  # [T, capacity]
-        window = self.config.sliding_window
-        if window is not None:
-            mask &= slots[None, :] > positions[:, None] - window
+        mask = self._attention_mask(positions, cache.capacity, self.config.sliding_window is not None)
         x = self.embed(tokens)
         rope = None
         if self.pos_embed is not None:
             x = x + self.pos_embed(positions)
         else:
-            assert self._rope_table is not None, "prepare_static() first"
-            rope = (self._rope_table[0][positions], self._rope_table[1][positions])
+            rope = self._rope(positions, cache.capacity)  # prepare_static built the table: no rebuild when traced
         x = self._run_layers(x, rope, cache, positions, cache.capacity, mask, self.config.n_layer)
         if self._lm_head_t is None:  # a large LM head is not worth a second copy
             return self.lm_head(self.norm(x))
