@@ -13,16 +13,16 @@ import torch
 
 from quickdraft.model.loader import load_model
 from quickdraft.model.transformer import Transformer
-from quickdraft.train.common import TrainArgs, batch_at, init_weights, train_loop
+from quickdraft.train.common import TrainArgs, batch_at, init_from_model, init_weights, train_loop
 from quickdraft.train.corpus import build_corpus, stdlib_dir
-from quickdraft.train.distill import DraftShape, train_draft
+from quickdraft.train.distill import train_draft
 from quickdraft.train.evaluate import evaluate_pair, replay_rounds
-from quickdraft.train.pretrain import EARLY_EXIT_KEY, TargetShape, model_config, target_loss, train_target
+from quickdraft.train.pretrain import EARLY_EXIT_KEY, model_config, target_loss, train_target
+from quickdraft.train.shapes import ModelShape
 from quickdraft.train.tokenizer_train import build_tokenizer, train_tokenizer
 
-TINY_TARGET = TargetShape(n_embd=64, n_layer=3, n_head=4, n_kv_head=2, head_dim=16, intermediate_size=128,
-                          block_size=256)
-TINY_DRAFT = DraftShape(n_embd=32, n_layer=1, n_head=2, n_kv_head=2, head_dim=16, intermediate_size=64)
+TINY_TARGET = ModelShape(n_embd=64, n_layer=3, n_head=4, n_kv_head=2, head_dim=16, intermediate_size=128)
+TINY_DRAFT = ModelShape(n_embd=32, n_layer=1, n_head=2, n_kv_head=2, head_dim=16, intermediate_size=64)
 SOURCES = ["argparse.py", "textwrap.py", "shlex.py", "fnmatch.py", "bisect.py", "heapq.py", "glob.py", "copy.py"]
 
 
@@ -63,7 +63,7 @@ def test_pipeline_trains_target_and_draft_and_loss_falls(corpus: Path, tmp_path:
 
     common = dict(data_dir=corpus, batch_size=8, seq_len=64, warmup_steps=5, threads=2, eval_batches=2)
     target_args = TrainArgs(out_dir=tmp_path / "target", lr=3e-3, max_steps=30, **common)
-    summary = train_target(target_args, TINY_TARGET, tokenizer_dir, exit_layer=1, exit_weight=0.3)
+    summary = train_target(target_args, TINY_TARGET, tokenizer_dir, exit_layer=1, exit_weight=0.3, block_size=256)
     history = json.loads((tmp_path / "target" / "history.json").read_text())
     first, last = history[0]["loss"], min(h["loss"] for h in history if "loss" in h)
     assert last < first - 0.5, f"target loss did not fall: {first} -> {last}"
@@ -73,6 +73,19 @@ def test_pipeline_trains_target_and_draft_and_loss_falls(corpus: Path, tmp_path:
     assert json.loads((target_dir / "config.json").read_text())[EARLY_EXIT_KEY] == 1
     loaded = load_model(target_dir)
     assert loaded.n_params == summary["params"]
+    assert 0.0 <= summary["val_repeat_top1"] <= 1.0
+
+    # Copy-augmented fine-tuning starts from the exported target (its first loss is far below a
+    # fresh model's) and refuses a saved model of another shape.
+    copy_args = TrainArgs(out_dir=tmp_path / "target_copy", lr=1e-3, max_steps=2, **common)
+    copy_summary = train_target(copy_args, TINY_TARGET, tokenizer_dir, exit_layer=1, copy_fraction=0.5,
+                                init_from=target_dir, block_size=256)
+    copy_history = json.loads((tmp_path / "target_copy" / "history.json").read_text())
+    assert copy_history[0]["loss"] < first - 0.5, "fine-tuning did not start from the target"
+    assert copy_summary["copy_fraction"] == 0.5 and copy_summary["init_from"] == str(target_dir)
+    other = Transformer(model_config(TINY_DRAFT, 512, eos_id=0))
+    with pytest.raises(ValueError, match="does not have this model's shape"):
+        init_from_model(other, target_dir)
 
     draft_args = TrainArgs(out_dir=tmp_path / "draft", lr=5e-3, max_steps=20, **common)
     draft_summary = train_draft(draft_args, TINY_DRAFT, target_dir, n_generations=8, prompt_len=8)
@@ -86,8 +99,9 @@ def test_pipeline_trains_target_and_draft_and_loss_falls(corpus: Path, tmp_path:
     old_generations = np.load(tmp_path / "draft" / "generations.npy")
     shutil.copyfile(tmp_path / "draft" / "generations.npy", tmp_path / "draft_v2" / "generations.npy")
     tuned_args = TrainArgs(out_dir=tmp_path / "draft_v2", lr=1e-3, max_steps=2, **common)
-    train_draft(tuned_args, TINY_DRAFT, target_dir, n_generations=12, prompt_len=8,
-                init_from=tmp_path / "draft" / "final")
+    tuned_summary = train_draft(tuned_args, TINY_DRAFT, target_dir, n_generations=12, prompt_len=8,
+                                init_from=tmp_path / "draft" / "final", copy_fraction=0.5)
+    assert tuned_summary["copy_fraction"] == 0.5
     tuned_history = json.loads((tmp_path / "draft_v2" / "history.json").read_text())
     assert tuned_history[0]["loss"] < draft_history[0]["loss"] - 0.5, "fine-tuning did not start from the draft"
     generations = np.load(tmp_path / "draft_v2" / "generations.npy")

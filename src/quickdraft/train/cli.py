@@ -5,6 +5,7 @@ Every step reads and writes plain directories, so each can be rerun or resumed o
     quickdraft train corpus     --out data/corpus
     quickdraft train tokenizer  --corpus data/corpus --out data/tokenizer
     quickdraft train target     --data data/corpus --tokenizer data/tokenizer --out runs/target --max-minutes 95
+    quickdraft train target     --init-from runs/target/final --lr 1e-3 --out runs/target_copy --max-minutes 70
     quickdraft train draft      --data data/corpus --target runs/target/final --out runs/draft --max-minutes 20
     quickdraft train draft      --init-from runs/draft/final --lr 1e-3 --out runs/draft_v2 --max-minutes 50
     quickdraft train eval       --target runs/target/final --draft runs/draft/final --data data/corpus
@@ -18,7 +19,10 @@ import json
 import logging
 import shutil
 import sys
+from dataclasses import asdict, fields
 from pathlib import Path
+
+from quickdraft.train.shapes import EMBEDDED_DRAFT_SHAPE, EMBEDDED_TARGET_SHAPE, TARGET_BLOCK_SIZE, ModelShape
 
 log = logging.getLogger(__name__)
 
@@ -68,24 +72,31 @@ def _cmd_tokenizer(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_target(ns: argparse.Namespace) -> int:
-    from quickdraft.train.pretrain import TargetShape, train_target
+def _add_shape_flags(p: argparse.ArgumentParser, default: ModelShape) -> None:
+    for name, value in asdict(default).items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=value)
 
-    shape = TargetShape(n_embd=ns.n_embd, n_layer=ns.n_layer, n_head=ns.n_head, n_kv_head=ns.n_kv_head,
-                        head_dim=ns.head_dim, intermediate_size=ns.intermediate_size, block_size=ns.block_size)
+
+def _shape(ns: argparse.Namespace) -> ModelShape:
+    return ModelShape(**{f.name: getattr(ns, f.name) for f in fields(ModelShape)})
+
+
+def _cmd_target(ns: argparse.Namespace) -> int:
+    from quickdraft.train.pretrain import train_target
+
     exit_layer = ns.exit_layer if ns.exit_layer > 0 else None
-    summary = train_target(_train_args(ns), shape, ns.tokenizer, exit_layer=exit_layer, exit_weight=ns.exit_weight)
+    summary = train_target(_train_args(ns), _shape(ns), ns.tokenizer, exit_layer=exit_layer, exit_weight=ns.exit_weight,
+                           copy_fraction=ns.copy_fraction, init_from=ns.init_from, block_size=ns.block_size)
     print(json.dumps(summary, indent=2))
     return 0
 
 
 def _cmd_draft(ns: argparse.Namespace) -> int:
-    from quickdraft.train.distill import DraftShape, train_draft
+    from quickdraft.train.distill import train_draft
 
-    shape = DraftShape(n_embd=ns.n_embd, n_layer=ns.n_layer, n_head=ns.n_head, n_kv_head=ns.n_kv_head,
-                       head_dim=ns.head_dim, intermediate_size=ns.intermediate_size)
-    summary = train_draft(_train_args(ns), shape, ns.target, generated_fraction=ns.generated_fraction,
-                          n_generations=ns.generations, regenerate=ns.regenerate, init_from=ns.init_from)
+    summary = train_draft(_train_args(ns), _shape(ns), ns.target, generated_fraction=ns.generated_fraction,
+                          n_generations=ns.generations, regenerate=ns.regenerate, init_from=ns.init_from,
+                          copy_fraction=ns.copy_fraction)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -127,9 +138,9 @@ def _cmd_all(ns: argparse.Namespace) -> int:
     """The whole pipeline with default settings (about two hours on two CPU cores)."""
     from quickdraft.train.common import TrainArgs
     from quickdraft.train.corpus import build_corpus
-    from quickdraft.train.distill import DraftShape, train_draft
+    from quickdraft.train.distill import train_draft
     from quickdraft.train.evaluate import evaluate_pair
-    from quickdraft.train.pretrain import TargetShape, train_target
+    from quickdraft.train.pretrain import train_target
     from quickdraft.train.tokenizer_train import build_tokenizer
 
     corpus, tokenizer, runs = ns.work / "data" / "corpus", ns.work / "data" / "tokenizer", ns.work / "runs"
@@ -137,10 +148,10 @@ def _cmd_all(ns: argparse.Namespace) -> int:
     build_tokenizer(corpus, tokenizer)
     train_target(TrainArgs(out_dir=runs / "target", data_dir=corpus, lr=2e-3, max_steps=1600,
                            max_minutes=ns.target_minutes, threads=ns.threads, resume=ns.resume),
-                 TargetShape(n_layer=6), tokenizer, exit_layer=2, exit_weight=0.3)
+                 EMBEDDED_TARGET_SHAPE, tokenizer, exit_layer=2, exit_weight=0.3, copy_fraction=0.5)
     train_draft(TrainArgs(out_dir=runs / "draft", data_dir=corpus, lr=3e-3, max_steps=100_000,
                           max_minutes=ns.draft_minutes, checkpoint_minutes=3, threads=ns.threads, resume=ns.resume),
-                DraftShape(), runs / "target" / "final", n_generations=512)
+                EMBEDDED_DRAFT_SHAPE, runs / "target" / "final", n_generations=512, copy_fraction=0.5)
     report = evaluate_pair(runs / "target" / "final", runs / "draft" / "final", corpus, threads=ns.threads,
                            report_out=runs / "eval.json")
     print(json.dumps(report, indent=2))
@@ -170,28 +181,24 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("target", help="pretrain the target (Llama) with an early-exit loss")
     _add_loop_flags(p, batch_size=16, lr=2e-3, max_steps=1600)
     p.add_argument("--tokenizer", type=Path, default=Path("data/tokenizer"))
-    p.add_argument("--n-embd", type=int, default=384)
-    p.add_argument("--n-layer", type=int, default=6)
-    p.add_argument("--n-head", type=int, default=6)
-    p.add_argument("--n-kv-head", type=int, default=2)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--intermediate-size", type=int, default=1024)
-    p.add_argument("--block-size", type=int, default=1024)
+    _add_shape_flags(p, EMBEDDED_TARGET_SHAPE)
+    p.add_argument("--block-size", type=int, default=TARGET_BLOCK_SIZE)
     p.add_argument("--exit-layer", type=int, default=2, help="early-exit layer L (0: no early-exit loss)")
     p.add_argument("--exit-weight", type=float, default=0.3)
+    p.add_argument("--copy-fraction", type=float, default=0.5,
+                   help="share of each batch that repeats an earlier span (teaches copying; 0: plain corpus)")
+    p.add_argument("--init-from", type=Path, default=None, metavar="DIR",
+                   help="continue training this target model directory (fresh optimizer and schedule)")
     p.set_defaults(func=_cmd_target)
 
     p = sub.add_parser("draft", help="distil the draft from the target (KL on corpus + target generations)")
     _add_loop_flags(p, batch_size=16, lr=3e-3, max_steps=3000)
     p.add_argument("--target", type=Path, default=Path("runs/target/final"))
-    p.add_argument("--n-embd", type=int, default=112)
-    p.add_argument("--n-layer", type=int, default=2)
-    p.add_argument("--n-head", type=int, default=4)
-    p.add_argument("--n-kv-head", type=int, default=4)
-    p.add_argument("--head-dim", type=int, default=28)
-    p.add_argument("--intermediate-size", type=int, default=320)
+    _add_shape_flags(p, EMBEDDED_DRAFT_SHAPE)
     p.add_argument("--generated-fraction", type=float, default=0.5, help="share of each batch from target generations")
     p.add_argument("--generations", type=int, default=1024, help="number of target greedy generations to train on")
+    p.add_argument("--copy-fraction", type=float, default=0.0,
+                   help="share of the corpus windows that repeat an earlier span (for a target that copies)")
     p.add_argument("--regenerate", action="store_true", help="discard OUT/generations.npy and generate anew "
                    "(after --resume against a newer target)")
     p.add_argument("--init-from", type=Path, default=None, metavar="DIR",

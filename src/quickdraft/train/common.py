@@ -24,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 from quickdraft.model.config import ModelConfig
+from quickdraft.model.loader import load_model
 from quickdraft.model.transformer import Transformer
 from quickdraft.model.weights import save_pretrained
 from quickdraft.train.tokenizer_train import EOS_TOKEN
@@ -74,6 +75,17 @@ def init_weights(model: Transformer) -> None:
             continue
         scale = 1 / math.sqrt(2 * model.config.n_layer) if name.endswith(("attn.out.weight", "mlp.down.weight")) else 1
         torch.nn.init.normal_(param, mean=0.0, std=std * scale)
+
+
+def init_from_model(model: Transformer, init_dir: Path) -> None:
+    """Copy the weights of the model saved in ``init_dir`` (a model directory) into ``model``."""
+    source = load_model(init_dir, tokenizer=False).model
+    want, have = model.config.to_dict(), source.config.to_dict()
+    differ = {k: (have.get(k), v) for k, v in want.items() if k != "eos_token_ids" and have.get(k) != v}
+    if differ:
+        raise ValueError(f"{init_dir} does not have this model's shape (field: saved, wanted): {differ}; "
+                         "pass the matching --n-embd/--n-layer/... flags")
+    model.load_state_dict(source.state_dict())
 
 
 def batch_at(tokens: np.ndarray, step: int, batch_size: int, seq_len: int, seed: int) -> torch.Tensor:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,37 +21,27 @@ from tqdm import tqdm
 from quickdraft.model.config import ModelConfig
 from quickdraft.model.loader import load_model
 from quickdraft.model.transformer import Transformer
-from quickdraft.train.common import TrainArgs, batch_at, eval_batches, export_model, init_weights, set_threads, train_loop
+from quickdraft.train.common import (
+    TrainArgs,
+    batch_at,
+    eval_batches,
+    export_model,
+    init_from_model,
+    init_weights,
+    set_threads,
+    train_loop,
+)
+from quickdraft.train.copy_augment import CopyAugmentedBatches
+from quickdraft.train.shapes import ModelShape
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class DraftShape:
-    n_embd: int = 112
-    n_layer: int = 2
-    n_head: int = 4
-    n_kv_head: int = 4
-    head_dim: int = 28
-    intermediate_size: int = 320
-
-
-def draft_config(shape: DraftShape, target: ModelConfig) -> ModelConfig:
-    return ModelConfig(
-        model_type="llama",
-        vocab_size=target.vocab_size,  # the draft speaks the target's vocabulary, token for token
-        n_embd=shape.n_embd,
-        n_layer=shape.n_layer,
-        n_head=shape.n_head,
-        n_kv_head=shape.n_kv_head,
-        head_dim=shape.head_dim,
-        intermediate_size=shape.intermediate_size,
-        block_size=target.block_size,
-        norm_eps=target.norm_eps,
-        tie_word_embeddings=True,
-        rope_theta=target.rope_theta,
-        eos_token_ids=target.eos_token_ids,
-    )
+def draft_config(shape: ModelShape, target: ModelConfig) -> ModelConfig:
+    # the draft speaks the target's vocabulary, token for token, over the same context and positions
+    return shape.llama_config(vocab_size=target.vocab_size, block_size=target.block_size,
+                              eos_token_ids=target.eos_token_ids, norm_eps=target.norm_eps,
+                              rope_theta=target.rope_theta)
 
 
 @torch.no_grad()
@@ -104,17 +93,6 @@ def load_or_make_generations(path: Path, target: Transformer, tokens: np.ndarray
     return generations
 
 
-def init_from_model(draft: Transformer, init_dir: Path) -> None:
-    """Copy the weights of the draft saved in ``init_dir`` (a model directory) into ``draft``."""
-    source = load_model(init_dir, tokenizer=False).model
-    want, have = draft.config.to_dict(), source.config.to_dict()
-    differ = {k: (have.get(k), v) for k, v in want.items() if k != "eos_token_ids" and have.get(k) != v}
-    if differ:
-        raise ValueError(f"{init_dir} does not have this draft's shape (field: saved, wanted): {differ}; "
-                         "pass the matching --n-embd/--n-layer/... flags")
-    draft.load_state_dict(source.state_dict())
-
-
 def distill_loss(draft: Transformer, target: Transformer, batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
     inputs = batch[:, :-1]
     with torch.no_grad():
@@ -144,15 +122,18 @@ def evaluate_draft(draft: Transformer, target: Transformer, batches: list[torch.
 
 
 class MixedBatches:
-    """Each step: corpus windows plus windows of the target's generations, by (seed, step)."""
+    """Each step: corpus windows (a ``copy_fraction`` of them copy windows) plus windows of the
+    target's generations, by (seed, step)."""
 
-    def __init__(self, tokens: np.ndarray, generations: np.ndarray, generated_fraction: float, seed: int) -> None:
-        self.tokens, self.generations = tokens, generations
+    def __init__(self, tokens: np.ndarray, generations: np.ndarray, generated_fraction: float, seed: int,
+                 copy_fraction: float = 0.0) -> None:
+        self.generations = generations
         self.generated_fraction, self.seed = generated_fraction, seed
+        self.corpus = CopyAugmentedBatches(tokens, copy_fraction, seed)
 
     def __call__(self, step: int, batch_size: int, seq_len: int) -> torch.Tensor:
         n_gen = int(round(batch_size * self.generated_fraction)) if self.generations.size else 0
-        corpus = batch_at(self.tokens, step, batch_size - n_gen, seq_len, self.seed)
+        corpus = self.corpus(step, batch_size - n_gen, seq_len)
         if n_gen == 0:
             return corpus
         rng = np.random.default_rng([self.seed, step, 1])
@@ -165,9 +146,10 @@ class MixedBatches:
         return torch.cat([corpus, torch.from_numpy(gen)])
 
 
-def train_draft(args: TrainArgs, shape: DraftShape, target_dir: Path, *, generated_fraction: float = 0.5,
+def train_draft(args: TrainArgs, shape: ModelShape, target_dir: Path, *, generated_fraction: float = 0.5,
                 n_generations: int = 1024, prompt_len: int = 32, export_dir: Path | None = None,
-                regenerate: bool = False, init_from: Path | None = None) -> dict[str, object]:
+                regenerate: bool = False, init_from: Path | None = None,
+                copy_fraction: float = 0.0) -> dict[str, object]:
     """Distil a draft of ``shape`` from the model in ``target_dir``.
 
     With ``args.resume`` training continues from ``args.out_dir/checkpoint.pt`` — also against a
@@ -178,6 +160,9 @@ def train_draft(args: TrainArgs, shape: DraftShape, target_dir: Path, *, generat
     initialisation, with a fresh optimizer and learning-rate schedule. A checkpoint found under
     ``args.resume`` still wins, so a killed fine-tuning run resumes exactly. Generations already
     in ``args.out_dir`` are extended to ``n_generations`` rather than made anew.
+
+    ``copy_fraction`` of the corpus windows repeat an earlier span (copy_augment.py), so that a draft
+    of a target that copies its context learns to copy too.
     """
     set_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -201,7 +186,7 @@ def train_draft(args: TrainArgs, shape: DraftShape, target_dir: Path, *, generat
                                                args.seq_len + 1 - prompt_len + 64, args.seed)
     else:
         generations = np.zeros((0, 0), dtype=np.uint16)
-    sampler = MixedBatches(tokens, generations, generated_fraction, args.seed)
+    sampler = MixedBatches(tokens, generations, generated_fraction, args.seed, copy_fraction)
     val = np.fromfile(args.data_dir / "val.bin", dtype=np.uint16)
     val_batches = eval_batches(val, args.eval_batches, args.batch_size, args.seq_len)
     summary = train_loop(
@@ -215,6 +200,7 @@ def train_draft(args: TrainArgs, shape: DraftShape, target_dir: Path, *, generat
     summary["target_params"] = n_target
     summary["init_from"] = str(init_from) if init_from is not None else None
     summary["generations"] = int(generations.shape[0])
+    summary["copy_fraction"] = copy_fraction
     (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     export_model(draft, target_dir, export_dir or args.out_dir / "final")
     return summary

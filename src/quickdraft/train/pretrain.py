@@ -9,8 +9,8 @@ The chosen L is written to config.json as ``quickdraft_early_exit_layer``.
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,43 +24,21 @@ from quickdraft.train.common import (
     config_from_dict,
     eval_batches,
     export_model,
+    init_from_model,
     init_weights,
     load_checkpoint,
     train_loop,
 )
+from quickdraft.train.copy_augment import CopyAugmentedBatches, repeat_eval_windows, repeat_top1
+from quickdraft.train.shapes import TARGET_BLOCK_SIZE, ModelShape
 
 log = logging.getLogger(__name__)
 
 EARLY_EXIT_KEY = EARLY_EXIT_CONFIG_KEY
 
 
-@dataclass
-class TargetShape:
-    n_embd: int = 384
-    n_layer: int = 8
-    n_head: int = 6
-    n_kv_head: int = 2
-    head_dim: int = 64
-    intermediate_size: int = 1024
-    block_size: int = 1024
-
-
-def model_config(shape: TargetShape, vocab_size: int, eos_id: int) -> ModelConfig:
-    return ModelConfig(
-        model_type="llama",
-        vocab_size=vocab_size,
-        n_embd=shape.n_embd,
-        n_layer=shape.n_layer,
-        n_head=shape.n_head,
-        n_kv_head=shape.n_kv_head,
-        head_dim=shape.head_dim,
-        intermediate_size=shape.intermediate_size,
-        block_size=shape.block_size,
-        norm_eps=1e-5,
-        tie_word_embeddings=True,
-        rope_theta=10000.0,
-        eos_token_ids=(eos_id,),
-    )
+def model_config(shape: ModelShape, vocab_size: int, eos_id: int, block_size: int = TARGET_BLOCK_SIZE) -> ModelConfig:
+    return shape.llama_config(vocab_size=vocab_size, block_size=block_size, eos_token_ids=(eos_id,))
 
 
 def target_loss(model: Transformer, batch: torch.Tensor, exit_layer: int | None,
@@ -102,29 +80,47 @@ def evaluate_loss(model: Transformer, batches: list[torch.Tensor], exit_layer: i
     return out
 
 
-def train_target(args: TrainArgs, shape: TargetShape, tokenizer_dir: Path, *, exit_layer: int | None = 2,
-                 exit_weight: float = 0.3, export_dir: Path | None = None) -> dict[str, object]:
+def train_target(args: TrainArgs, shape: ModelShape, tokenizer_dir: Path, *, exit_layer: int | None = 2,
+                 exit_weight: float = 0.3, export_dir: Path | None = None, copy_fraction: float = 0.0,
+                 init_from: Path | None = None, block_size: int = TARGET_BLOCK_SIZE) -> dict[str, object]:
+    """Pretrain a target of ``shape``; ``copy_fraction`` of every batch are copy windows (copy_augment.py).
+
+    ``init_from`` (a target model directory) continues training that model with a fresh optimizer and
+    schedule, e.g. to teach a finished target to copy; a checkpoint found under ``args.resume`` still wins.
+    """
     from quickdraft.train.common import eos_id
 
     torch.manual_seed(args.seed)
     from tokenizers import Tokenizer
 
     vocab_size = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size()
-    config = model_config(shape, vocab_size, eos_id(tokenizer_dir))
+    config = model_config(shape, vocab_size, eos_id(tokenizer_dir), block_size)
     if exit_layer is not None and not 1 <= exit_layer < config.n_layer:
         raise ValueError(f"exit layer {exit_layer} must be in 1..{config.n_layer - 1}")
     model = Transformer(config)
     init_weights(model)
+    if init_from is not None:
+        init_from_model(model, init_from)
+        log.info("target: initialised from %s", init_from)
     log.info("target: %d parameters, %s", sum(p.numel() for p in model.parameters()), shape)
     val = np.fromfile(args.data_dir / "val.bin", dtype=np.uint16)
     val_batches = eval_batches(val, args.eval_batches, args.batch_size, args.seq_len)
+    repeat_windows = repeat_eval_windows(val, 16, args.seq_len // 2)
+    sampler = None
+    if copy_fraction > 0:
+        sampler = CopyAugmentedBatches(np.memmap(args.data_dir / "train.bin", dtype=np.uint16, mode="r"),
+                                       copy_fraction, args.seed)
     summary = train_loop(
         model,
         lambda m, b: target_loss(m, b, exit_layer, exit_weight),
         args,
         name="target",
-        eval_fn=lambda m: evaluate_loss(m, val_batches, exit_layer),
+        eval_fn=lambda m: {**evaluate_loss(m, val_batches, exit_layer), **repeat_top1(m, repeat_windows)},
+        sampler=sampler,
     )
+    summary["copy_fraction"] = copy_fraction
+    summary["init_from"] = str(init_from) if init_from is not None else None
+    (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     extra = {EARLY_EXIT_KEY: exit_layer} if exit_layer is not None else {}
     export_model(model, tokenizer_dir, export_dir or args.out_dir / "final", extra_config=extra)
     return summary
@@ -132,8 +128,6 @@ def train_target(args: TrainArgs, shape: TargetShape, tokenizer_dir: Path, *, ex
 
 def model_from_checkpoint(path: Path) -> Transformer:
     """Rebuild a model from a training checkpoint (used to export a run cut short)."""
-    import json
-
     state = load_checkpoint(path)
     model = Transformer(config_from_dict(json.loads(state["config"])))
     model.load_state_dict(state["model"])
