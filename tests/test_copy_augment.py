@@ -98,3 +98,13 @@ def test_repeat_metric_scores_a_perfect_copier_one_on_the_repeat_only() -> None:
     scores = repeat_top1(_Copier(windows, int(CORPUS.max()) + 1), windows)
     assert scores["repeat_top1"] == 1.0
     assert scores["first_top1"] == 0.0
+
+
+def test_a_span_recurs_up_to_three_times() -> None:
+    counts = set()
+    for seed in range(30):
+        window = copy_window(CORPUS, 257, np.random.default_rng(seed), edits_per_token=0.0)
+        length, first, _ = longest_repeat(window)
+        head = window[first:first + MIN_SPAN]
+        counts.add(sum(np.array_equal(window[i:i + MIN_SPAN], head) for i in range(window.size - MIN_SPAN + 1)))
+    assert counts <= {2, 3, 4} and {2, 4} <= counts

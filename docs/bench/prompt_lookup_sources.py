@@ -1,10 +1,12 @@
-"""Usage: python docs/bench/prompt_lookup_sources.py  (from the repo root)
+"""Usage: python docs/bench/prompt_lookup_sources.py [TARGET_DIR]  (from the repo root; default: the embedded target)
 
 Where prompt lookup's accepted tokens come from on the bench's input-grounded prompts: copies of
 the prompt, or copies of text the target generated earlier in the same answer (this small target
 repeats itself). Greedy, gamma auto, 128 new tokens, embedded pair, target dtype auto.
 """
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -40,7 +42,7 @@ class SourceRecordingLookup(PromptLookupDrafter):
             self.accepted["prompt" if self.from_prompt else "output"] += n_accepted
 
 
-target = load_model(default_target_path(), dtype="auto")
+target = load_model(sys.argv[1] if len(sys.argv) > 1 else default_target_path(), dtype="auto")
 drafter = SourceRecordingLookup()
 engine = Engine(target, drafter, exact=False)
 engine.eos_token_ids = frozenset()

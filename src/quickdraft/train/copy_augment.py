@@ -5,7 +5,7 @@ this existed: 30% top-1 on a span of code and 33% on the same span repeated verb
 it). Editing, refactoring and retrieval-grounded answers repeat long spans of their input, and
 that is where prompt lookup drafts well — if the target copies. Each augmented window is
 
-    [natural text ending with span A] [gap: 0..max_gap tokens from elsewhere] [A, lightly edited]
+    [natural text ending with span A] ([gap: 0..max_gap tokens from elsewhere] [A, lightly edited]) × 1..3
     [the text that followed A in the corpus]
 
 so the cheapest way to predict its second half is to find the earlier occurrence of the current
@@ -39,18 +39,21 @@ def edit_span(span: np.ndarray, tokens: np.ndarray, rng: np.random.Generator, ed
 
 
 def copy_window(tokens: np.ndarray, length: int, rng: np.random.Generator, *, max_gap: int = 16,
-                edits_per_token: float = 1 / 40) -> np.ndarray:
-    """One window of ``length`` tokens in which a span of natural text is repeated (see module doc)."""
-    span_len = int(rng.integers(MIN_SPAN, min(MAX_SPAN, (length - max_gap) // 2) + 1))
-    lead = int(rng.integers(0, length - 2 * span_len - max_gap + 1))
+                edits_per_token: float = 1 / 40, max_repeats: int = 3) -> np.ndarray:
+    """One window of ``length`` tokens in which a span of natural text recurs 1..max_repeats times."""
+    repeats = int(rng.integers(1, max_repeats + 1))
+    span_len = int(rng.integers(MIN_SPAN, max(MIN_SPAN, min(MAX_SPAN, (length - repeats * max_gap) // (repeats + 1))) + 1))
+    lead = int(rng.integers(0, max(0, length - (repeats + 1) * span_len - repeats * max_gap) + 1))
     start = int(rng.integers(0, tokens.size - length - lead - span_len))
     before = np.asarray(tokens[start:start + lead + span_len])  # natural text ending with the span
     span = before[lead:]
-    gap_start = int(rng.integers(0, tokens.size - max_gap))
-    gap = np.asarray(tokens[gap_start:gap_start + int(rng.integers(0, max_gap + 1))])
-    after = np.asarray(tokens[start + lead + span_len:start + lead + span_len + length])  # what followed the span
-    window = np.concatenate([before, gap, edit_span(span, tokens, rng, edits_per_token), after])
-    return window[:length]
+    parts = [before]
+    for _ in range(repeats):
+        gap_start = int(rng.integers(0, tokens.size - max_gap))
+        parts.append(np.asarray(tokens[gap_start:gap_start + int(rng.integers(0, max_gap + 1))]))
+        parts.append(edit_span(span, tokens, rng, edits_per_token))
+    parts.append(np.asarray(tokens[start + lead + span_len:start + lead + span_len + length]))  # what followed the span
+    return np.concatenate(parts)[:length]
 
 
 class CopyAugmentedBatches:
