@@ -111,6 +111,7 @@ def test_pipeline_trains_target_and_draft_and_loss_falls(corpus: Path, tmp_path:
     report = evaluate_pair(target_dir, tmp_path / "draft" / "final", corpus, n_prompts=3, n_new=8,
                            prompts_out=tmp_path / "prompts.jsonl", threads=2, n_samples=1)
     assert 0.0 <= report["draft"]["alpha"] <= 1.0
+    assert set(report["target_copying"]) == {"first_top1", "repeat_top1"}
     assert len((tmp_path / "prompts.jsonl").read_text().splitlines()) == 3
 
 

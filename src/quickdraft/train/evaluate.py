@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from quickdraft.model.loader import load_model
 from quickdraft.model.transformer import Transformer
 from quickdraft.train.common import set_threads
+from quickdraft.train.copy_augment import repeat_eval_windows, repeat_top1
 from quickdraft.train.corpus import iter_documents
 from quickdraft.train.distill import greedy_generate
 from quickdraft.train.pretrain import EARLY_EXIT_KEY
@@ -156,6 +157,7 @@ def evaluate_pair(target_dir: Path, draft_dir: Path, corpus_dir: Path, *, n_prom
                             "draft_greedy": tokenizer.decode(greedy_generate(draft, ids, n_new)[0, ids.shape[1]:]
                                                              .tolist(), skip_special_tokens=False)})
 
+    repeat_windows = repeat_eval_windows(val, 16, 128)
     target_loss = validation_loss(target, val)
     draft_loss = validation_loss(draft, val)
     report: dict[str, object] = {
@@ -167,6 +169,9 @@ def evaluate_pair(target_dir: Path, draft_dir: Path, corpus_dir: Path, *, n_prom
         "target_val_ppl": math.exp(target_loss),
         "draft_val_loss": draft_loss,
         "draft_val_ppl": math.exp(draft_loss),
+        # does each model continue a span of held-out text that it has just seen? (copy_augment.py)
+        "target_copying": repeat_top1(target, repeat_windows),
+        "draft_copying": repeat_top1(draft, repeat_windows),
         "prompts": len(prompts),
         "new_tokens": n_new,
         "gamma": gamma,
