@@ -24,22 +24,42 @@ class SourceRecordingLookup(PromptLookupDrafter):
 
     def __init__(self) -> None:
         super().__init__()
-        self.prompt_length = 0
+        self.prompt: list[int] = []
         self.from_prompt: bool | None = None
-        self.accepted = {"prompt": 0, "output": 0}
+        self.key: list[int] = []
+        self.draft: list[int] = []
+        self.accepted = {"prompt": 0, "output": 0, "output, also in the prompt": 0}
 
     def begin(self, prompt_ids, context):  # noqa: ANN001
         super().begin(prompt_ids, context)
-        self.prompt_length = len(prompt_ids)
+        self.prompt = list(prompt_ids)
 
     def find_source(self, tokens: list[int]) -> int | None:
         source = super().find_source(tokens)
-        self.from_prompt = None if source is None else source < self.prompt_length
+        self.from_prompt = None if source is None else source < len(self.prompt)
+        if source is not None:  # the matched suffix n-gram, longest first as the drafter matched it
+            n = next(n for n in range(self.max_ngram, 0, -1) if n <= source and tokens[source - n:source] == tokens[-n:])
+            self.key = tokens[-n:]
         return source
 
+    def propose(self, tokens, k, sampling, generator, confidence_stop=None):  # noqa: ANN001, ANN201
+        draft = super().propose(tokens, k, sampling, generator, confidence_stop)
+        self.draft = list(draft.tokens)
+        return draft
+
     def accept(self, n_accepted: int) -> None:
-        if self.from_prompt is not None:
-            self.accepted["prompt" if self.from_prompt else "output"] += n_accepted
+        if self.from_prompt is None or n_accepted == 0:
+            return
+        if self.from_prompt:
+            self.accepted["prompt"] += n_accepted
+        elif occurs_in(self.key + self.draft[:n_accepted], self.prompt):
+            self.accepted["output, also in the prompt"] += n_accepted
+        else:
+            self.accepted["output"] += n_accepted
+
+
+def occurs_in(needle: list[int], haystack: list[int]) -> bool:
+    return any(haystack[i:i + len(needle)] == needle for i in range(len(haystack) - len(needle) + 1))
 
 
 target = load_model(sys.argv[1] if len(sys.argv) > 1 else default_target_path(), dtype="auto")
@@ -56,4 +76,6 @@ for record in load_prompts():
 total = sum(drafter.accepted.values())
 print(f"grounded prompts: {tokens} tokens in {calls} target calls ({tokens / calls:.2f} per call); accepted drafts "
       f"{total}: {drafter.accepted['prompt']} ({drafter.accepted['prompt'] / total:.0%}) copied from the prompt, "
-      f"{drafter.accepted['output']} ({drafter.accepted['output'] / total:.0%}) from the answer's own earlier text")
+      f"{drafter.accepted['output, also in the prompt']} ({drafter.accepted['output, also in the prompt'] / total:.0%}) "
+      f"from the answer's own earlier text where the prompt holds the same text, "
+      f"{drafter.accepted['output']} ({drafter.accepted['output'] / total:.0%}) from the answer's own text only")
