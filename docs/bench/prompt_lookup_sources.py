@@ -2,7 +2,9 @@
 
 Where prompt lookup's accepted tokens come from on the bench's input-grounded prompts: copies of
 the prompt, or copies of text the target generated earlier in the same answer (this small target
-repeats itself). Greedy, gamma auto, 128 new tokens, embedded pair, target dtype auto.
+repeats itself). Greedy in exact mode, gamma auto, 128 new tokens, target dtype auto. Then the same
+with lookup restricted to the prompt (same output): how many tokens per target call copying the
+input alone gives.
 """
 from __future__ import annotations
 
@@ -62,20 +64,48 @@ def occurs_in(needle: list[int], haystack: list[int]) -> bool:
     return any(haystack[i:i + len(needle)] == needle for i in range(len(haystack) - len(needle) + 1))
 
 
+class PromptOnlyLookup(PromptLookupDrafter):
+    """Prompt lookup that never copies the answer's own text: what copying the input alone buys."""
+
+    def begin(self, prompt_ids, context):  # noqa: ANN001
+        super().begin(prompt_ids, context)
+        self.prompt_length = len(prompt_ids)
+
+    def find_source(self, tokens: list[int]) -> int | None:
+        self._update_index(tokens[:self.prompt_length])
+        for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
+            start = self._index[n].get(tuple(tokens[-n:]))
+            if start is not None and start + n < self.prompt_length:
+                return start + n
+        return None
+
+
+def tokens_per_call(engine: Engine) -> tuple[int, int, list[list[int]]]:
+    calls = tokens = 0
+    outputs = []
+    for record in load_prompts():
+        if record["kind"] != "grounded":
+            continue
+        result = engine.generate(encode_prompt(target, record["prompt"]), 128, gamma="auto")
+        calls += result.stats.target_calls
+        tokens += len(result.token_ids)
+        outputs.append(result.token_ids)
+    return tokens, calls, outputs
+
+
 target = load_model(sys.argv[1] if len(sys.argv) > 1 else default_target_path(), dtype="auto")
 drafter = SourceRecordingLookup()
-engine = Engine(target, drafter, exact=False)
+engine = Engine(target, drafter, exact=True)  # exact: both lookups must give the same output
 engine.eos_token_ids = frozenset()
-calls = tokens = 0
-for record in load_prompts():
-    if record["kind"] != "grounded":
-        continue
-    result = engine.generate(encode_prompt(target, record["prompt"]), 128, gamma="auto")
-    calls += result.stats.target_calls
-    tokens += len(result.token_ids)
+tokens, calls, outputs = tokens_per_call(engine)
 total = sum(drafter.accepted.values())
 print(f"grounded prompts: {tokens} tokens in {calls} target calls ({tokens / calls:.2f} per call); accepted drafts "
       f"{total}: {drafter.accepted['prompt']} ({drafter.accepted['prompt'] / total:.0%}) copied from the prompt, "
       f"{drafter.accepted['output, also in the prompt']} ({drafter.accepted['output, also in the prompt'] / total:.0%}) "
       f"from the answer's own earlier text where the prompt holds the same text, "
       f"{drafter.accepted['output']} ({drafter.accepted['output'] / total:.0%}) from the answer's own text only")
+prompt_only = Engine(target, PromptOnlyLookup(), exact=True)
+prompt_only.eos_token_ids = frozenset()
+tokens, calls, prompt_only_outputs = tokens_per_call(prompt_only)
+assert prompt_only_outputs == outputs, "lookup changed the greedy output"
+print(f"lookup restricted to the prompt: {tokens / calls:.2f} tokens per target call")
