@@ -71,13 +71,9 @@ class PromptOnlyLookup(PromptLookupDrafter):
         super().begin(prompt_ids, context)
         self.prompt_length = len(prompt_ids)
 
-    def find_source(self, tokens: list[int]) -> int | None:
-        self._update_index(tokens[:self.prompt_length])
-        for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
-            start = self._index[n].get(tuple(tokens[-n:]))
-            if start is not None and start + n < self.prompt_length:
-                return start + n
-        return None
+    def _update_index(self, tokens: list[int]) -> None:
+        # index the prompt's n-grams only (each followed by a prompt token), so every match copies the prompt
+        super()._update_index(tokens[:self.prompt_length])
 
 
 def tokens_per_call(engine: Engine) -> tuple[int, int, list[list[int]]]:
