@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from hf_factory import make_hf_checkpoint  # noqa: E402
 
-from quickdraft.bench.harness import alpha_from_steps, load_prompts  # noqa: E402
+from quickdraft.bench.harness import alpha_from_steps, load_prompts, warmup_prompts  # noqa: E402
 from quickdraft.cli import main  # noqa: E402
 from quickdraft.model.loader import load_model  # noqa: E402
 from quickdraft.model.weights import save_pretrained  # noqa: E402
@@ -50,6 +50,14 @@ def test_alpha_counts_a_fully_accepted_step_as_no_rejection() -> None:
     assert alpha_from_steps([(4, 1)]) == pytest.approx(1 / 2)  # one accepted, then one rejection
     assert alpha_from_steps([(2, 2), (3, 0)]) == pytest.approx(2 / 3)
     assert alpha_from_steps([]) is None
+
+
+def test_warm_up_covers_every_cache_size_of_the_measured_rounds() -> None:
+    # with 100 new tokens and max_gamma 8: prompts up to 147 tokens need a 256-slot cache, then 512
+    short, mid, long = [1] * 20, [2] * 140, [3] * 300
+    assert warmup_prompts([mid, short], 100, 8) == [mid]  # one size: its longest prompt
+    assert warmup_prompts([short, long, mid], 100, 8) == [mid, long]
+    assert warmup_prompts([long], 100, 8) == [long]
 
 
 def test_bench_reports_every_configuration_and_greedy_outputs_equal_plain(pair, tmp_path, capsys) -> None:

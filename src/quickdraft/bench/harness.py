@@ -1,7 +1,8 @@
 """The benchmark: every method on the same weights, the same prompts, in one process.
 
 Method of measurement (what makes the ratios trustworthy on a noisy machine):
-- every configuration runs once on a short warm-up, then ``repeats`` measured rounds;
+- every configuration first runs a warm-up generation for each cache size the rounds will need (so
+  no compilation lands in a measured round), then ``repeats`` measured rounds;
 - each round runs every configuration on every prompt, in an order rotated from round to round,
   so that a slow patch of the machine hits all methods alike;
 - speedups are per-round ratios against our plain decoding (1-row forwards, exact mode off) of the
@@ -35,6 +36,7 @@ from quickdraft.drafters.base import Draft, DraftContext, Drafter
 from quickdraft.drafters.factory import make_drafter
 from quickdraft.engine import Engine, expected_speedup
 from quickdraft.errors import QuickdraftError
+from quickdraft.model.compiled import static_capacity
 from quickdraft.model.loader import LoadedModel, default_draft_dtype, dtype_name, load_model, parse_dtype
 from quickdraft.sampling import SamplingParams
 
@@ -45,7 +47,21 @@ BASELINE = "plain"
 # (run with --threads 1 then: spinning OpenMP threads would count as work).
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 PLAIN_EXACT = "plain exact"
-WARMUP_TOKENS = 12
+
+
+def warmup_prompts(prompt_ids: Sequence[list[int]], max_new_tokens: int, max_gamma: int) -> list[list[int]]:
+    """The longest prompt of each cache-size class the measured rounds will reach.
+
+    Compiled steps are built once per (rows, cache capacity), on the first generation that needs
+    that capacity; a warm-up that misses a capacity moves seconds of compilation into a measured
+    round (it made compiled plain decoding look slower than eager on a 6-prompt bench).
+    """
+    by_capacity: dict[int, list[int]] = {}
+    for ids in prompt_ids:
+        capacity = static_capacity(len(ids) + max_new_tokens + max_gamma + 1)
+        if len(ids) > len(by_capacity.get(capacity, [])):
+            by_capacity[capacity] = ids
+    return [by_capacity[c] for c in sorted(by_capacity)]
 
 
 # ---- settings -------------------------------------------------------------------------------
@@ -376,9 +392,11 @@ class Bench:
         log.info("bench: %d configurations x %d prompts x %d rounds", len(runs), len(prompts), s.repeats)
 
         bar = _progress(len(runs) * (1 + s.repeats * len(prompts)), self.progress)
-        for method, runner in runs:  # warm-up: one short generation each
+        warmups = warmup_prompts(prompt_ids, s.max_new_tokens, s.max_gamma)
+        for method, runner in runs:  # warm-up: a full generation per cache size the rounds will use
             bar.set_description(f"warm-up {method.name}")
-            runner(prompt_ids[0], min(WARMUP_TOKENS, s.max_new_tokens), s.seed)
+            for ids in warmups:
+                runner(ids, s.max_new_tokens, s.seed)
             bar.update(1)
         rounds: list[dict[str, RoundResult]] = []
         clock = CLOCKS[s.clock]
