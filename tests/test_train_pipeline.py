@@ -100,8 +100,9 @@ def test_pipeline_trains_target_and_draft_and_loss_falls(corpus: Path, tmp_path:
     shutil.copyfile(tmp_path / "draft" / "generations.npy", tmp_path / "draft_v2" / "generations.npy")
     tuned_args = TrainArgs(out_dir=tmp_path / "draft_v2", lr=1e-3, max_steps=2, **common)
     tuned_summary = train_draft(tuned_args, TINY_DRAFT, target_dir, n_generations=12, prompt_len=8,
-                                init_from=tmp_path / "draft" / "final", copy_fraction=0.5)
+                                init_from=tmp_path / "draft" / "final", copy_fraction=0.5, induction_steps=2)
     assert tuned_summary["copy_fraction"] == 0.5
+    assert 0.0 <= tuned_summary["induction_repeat_top1_after"] <= 1.0  # the bootstrap ran before distillation
     tuned_history = json.loads((tmp_path / "draft_v2" / "history.json").read_text())
     assert tuned_history[0]["loss"] < draft_history[0]["loss"] - 0.5, "fine-tuning did not start from the draft"
     generations = np.load(tmp_path / "draft_v2" / "generations.npy")

@@ -96,7 +96,7 @@ def _cmd_draft(ns: argparse.Namespace) -> int:
 
     summary = train_draft(_train_args(ns), _shape(ns), ns.target, generated_fraction=ns.generated_fraction,
                           n_generations=ns.generations, regenerate=ns.regenerate, init_from=ns.init_from,
-                          copy_fraction=ns.copy_fraction)
+                          copy_fraction=ns.copy_fraction, induction_steps=ns.induction_steps)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -199,6 +199,9 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--generations", type=int, default=1024, help="number of target greedy generations to train on")
     p.add_argument("--copy-fraction", type=float, default=0.0,
                    help="share of the corpus windows that repeat an earlier span (for a target that copies)")
+    p.add_argument("--induction-steps", type=int, default=0,
+                   help="first train the draft this many steps to copy repeated random tokens (forms the copying "
+                   "circuit a small draft of a copying target needs; ~800 suits the embedded draft; 0: off)")
     p.add_argument("--regenerate", action="store_true", help="discard OUT/generations.npy and generate anew "
                    "(after --resume against a newer target)")
     p.add_argument("--init-from", type=Path, default=None, metavar="DIR",

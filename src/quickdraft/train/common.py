@@ -111,11 +111,11 @@ def lr_at(progress: float, step: int, args: TrainArgs) -> float:
     return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * cosine)
 
 
-def make_optimizer(model: Transformer, args: TrainArgs) -> torch.optim.Optimizer:
+def make_optimizer(model: Transformer, lr: float, weight_decay: float) -> torch.optim.Optimizer:
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8)
 
 
 def save_checkpoint(path: Path, model: Transformer, optimizer: torch.optim.Optimizer, step: int, elapsed: float,
@@ -153,7 +153,7 @@ def train_loop(model: Transformer, loss_fn: LossFn, args: TrainArgs, *, name: st
     set_threads(args.threads)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     tokens = np.memmap(args.data_dir / "train.bin", dtype=np.uint16, mode="r")
-    optimizer = make_optimizer(model, args)
+    optimizer = make_optimizer(model, args.lr, args.weight_decay)
     ckpt_path = args.out_dir / CHECKPOINT
     step, elapsed, tokens_seen, history = 0, 0.0, 0, []
     if args.resume and ckpt_path.exists():

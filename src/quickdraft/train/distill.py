@@ -22,6 +22,7 @@ from quickdraft.model.config import ModelConfig
 from quickdraft.model.loader import load_model
 from quickdraft.model.transformer import Transformer
 from quickdraft.train.common import (
+    CHECKPOINT,
     TrainArgs,
     batch_at,
     eval_batches,
@@ -32,6 +33,7 @@ from quickdraft.train.common import (
     train_loop,
 )
 from quickdraft.train.copy_augment import CopyAugmentedBatches
+from quickdraft.train.induction import INDUCTION_LR, induction_bootstrap
 from quickdraft.train.shapes import ModelShape
 
 log = logging.getLogger(__name__)
@@ -149,7 +151,7 @@ class MixedBatches:
 def train_draft(args: TrainArgs, shape: ModelShape, target_dir: Path, *, generated_fraction: float = 0.5,
                 n_generations: int = 1024, prompt_len: int = 32, export_dir: Path | None = None,
                 regenerate: bool = False, init_from: Path | None = None,
-                copy_fraction: float = 0.0) -> dict[str, object]:
+                copy_fraction: float = 0.0, induction_steps: int = 0) -> dict[str, object]:
     """Distil a draft of ``shape`` from the model in ``target_dir``.
 
     With ``args.resume`` training continues from ``args.out_dir/checkpoint.pt`` — also against a
@@ -162,7 +164,9 @@ def train_draft(args: TrainArgs, shape: ModelShape, target_dir: Path, *, generat
     in ``args.out_dir`` are extended to ``n_generations`` rather than made anew.
 
     ``copy_fraction`` of the corpus windows repeat an earlier span (copy_augment.py), so that a draft
-    of a target that copies its context learns to copy too.
+    of a target that copies its context learns to copy too. ``induction_steps`` > 0 first runs that
+    many steps of the induction bootstrap (induction.py), so that a small draft has a copying circuit
+    to tune; a run resumed from a checkpoint skips it (the checkpoint already holds its result).
     """
     set_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -178,6 +182,10 @@ def train_draft(args: TrainArgs, shape: ModelShape, target_dir: Path, *, generat
     log.info("draft: %d parameters (%.3f of the target's %d), %s", n_draft, n_draft / n_target, n_target, shape)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     tokens = np.memmap(args.data_dir / "train.bin", dtype=np.uint16, mode="r")
+    bootstrap: dict[str, float] = {}
+    if induction_steps > 0 and not (args.resume and (args.out_dir / CHECKPOINT).exists()):
+        bootstrap = induction_bootstrap(draft, tokens, induction_steps, lr=INDUCTION_LR, seed=args.seed,
+                                        threads=args.threads)
     gen_path = args.out_dir / "generations.npy"
     if regenerate and gen_path.exists():
         gen_path.unlink()
@@ -201,6 +209,7 @@ def train_draft(args: TrainArgs, shape: ModelShape, target_dir: Path, *, generat
     summary["init_from"] = str(init_from) if init_from is not None else None
     summary["generations"] = int(generations.shape[0])
     summary["copy_fraction"] = copy_fraction
+    summary.update(bootstrap)
     (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     export_model(draft, target_dir, export_dir or args.out_dir / "final")
     return summary
