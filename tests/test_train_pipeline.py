@@ -16,7 +16,7 @@ from quickdraft.model.transformer import Transformer
 from quickdraft.train.common import TrainArgs, batch_at, init_from_model, init_weights, train_loop
 from quickdraft.train.corpus import build_corpus, stdlib_dir
 from quickdraft.train.distill import train_draft
-from quickdraft.train.evaluate import evaluate_pair, replay_rounds
+from quickdraft.train.evaluate import distinct_2, evaluate_pair, replay_rounds
 from quickdraft.train.pretrain import EARLY_EXIT_KEY, model_config, target_loss, train_target
 from quickdraft.train.shapes import ModelShape
 from quickdraft.train.tokenizer_train import build_tokenizer, train_tokenizer
@@ -54,6 +54,13 @@ def test_replay_counts_rounds_like_speculative_decoding() -> None:
     assert replay_rounds([True] * 10, gamma=4) == (2, 8)  # 4 accepted + 1 target token, twice
     assert replay_rounds([False] * 3, gamma=4) == (3, 0)
     assert replay_rounds([True, True, False, True], gamma=4) == (2, 3)
+
+
+def test_distinct_2_counts_repeated_bigrams() -> None:
+    assert distinct_2([1, 2, 3, 4]) == 1.0
+    assert distinct_2([7, 7, 7, 7, 7]) == 0.25  # one distinct pair of four
+    assert distinct_2([1, 2, 1, 2, 1]) == 0.5
+    assert distinct_2([5]) == 1.0
 
 
 def test_pipeline_trains_target_and_draft_and_loss_falls(corpus: Path, tmp_path: Path) -> None:
@@ -113,6 +120,7 @@ def test_pipeline_trains_target_and_draft_and_loss_falls(corpus: Path, tmp_path:
                            prompts_out=tmp_path / "prompts.jsonl", threads=2, n_samples=1)
     assert 0.0 <= report["draft"]["alpha"] <= 1.0
     assert set(report["target_copying"]) == {"first_top1", "repeat_top1"}
+    assert 0.0 < report["target_greedy_distinct_2"] <= 1.0
     assert len((tmp_path / "prompts.jsonl").read_text().splitlines()) == 3
 
 

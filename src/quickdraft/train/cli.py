@@ -151,7 +151,8 @@ def _cmd_all(ns: argparse.Namespace) -> int:
                  EMBEDDED_TARGET_SHAPE, tokenizer, exit_layer=2, exit_weight=0.3, copy_fraction=0.5)
     train_draft(TrainArgs(out_dir=runs / "draft", data_dir=corpus, lr=3e-3, max_steps=100_000,
                           max_minutes=ns.draft_minutes, checkpoint_minutes=3, threads=ns.threads, resume=ns.resume),
-                EMBEDDED_DRAFT_SHAPE, runs / "target" / "final", n_generations=512, copy_fraction=0.5)
+                EMBEDDED_DRAFT_SHAPE, runs / "target" / "final", n_generations=512, copy_fraction=0.5,
+                induction_steps=800)
     report = evaluate_pair(runs / "target" / "final", runs / "draft" / "final", corpus, threads=ns.threads,
                            report_out=runs / "eval.json")
     print(json.dumps(report, indent=2))

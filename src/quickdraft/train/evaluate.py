@@ -9,6 +9,9 @@ continuation position is compared with the target's token there.
   same continuation: a round accepts the longest agreeing run (≤ γ), then the target adds one
   token of its own; accepted / (γ × rounds), as vLLM counts it.
 - ``mean_accepted_length``: tokens per target pass, 1 + accepted / rounds.
+- ``target_greedy_distinct_2``: distinct bigrams / bigrams of each greedy continuation, averaged
+  (1: no repeated pair; a loop of k tokens tends to k / n). A copying target also copies its own
+  loops, and a drafter's α rises on loops, so α is read next to it.
 
 In greedy decoding a matching draft token leaves the draft exactly where the teacher-forced pass
 has it, so the replay gives what the engine would measure (up to floating-point ties).
@@ -103,6 +106,12 @@ def ms_per_token(model: Transformer, n: int = 64, exit_layer: int | None = None)
     return (time.perf_counter() - start) * 1000 / n
 
 
+def distinct_2(tokens: list[int]) -> float:
+    """Distinct bigrams / bigrams of ``tokens`` (1.0 for fewer than two tokens)."""
+    pairs = list(zip(tokens, tokens[1:]))
+    return len(set(pairs)) / len(pairs) if pairs else 1.0
+
+
 def _acceptance(agreements: list[list[bool]], gamma: int) -> dict[str, float]:
     flat = [a for seq in agreements for a in seq]
     rounds = accepted = 0
@@ -140,10 +149,12 @@ def evaluate_pair(target_dir: Path, draft_dir: Path, corpus_dir: Path, *, n_prom
     draft_agree: list[list[bool]] = []
     exit_agree: dict[int, list[list[bool]]] = {L: [] for L in exit_layers}
     samples = []
+    distinct = []
     for i, p in enumerate(prompts):
         ids = torch.tensor([tokenizer.encode(p["prompt"], add_special_tokens=False)])
         full = greedy_generate(target, ids, n_new)  # [1, P + n_new]
         continuation = full[0, ids.shape[1]:]
+        distinct.append(distinct_2(continuation.tolist()))
         context = full[:, :-1]
         positions = slice(ids.shape[1] - 1, None)  # logits here predict the continuation
         draft_pred = draft(context)[0, positions].argmax(-1)
@@ -175,6 +186,7 @@ def evaluate_pair(target_dir: Path, draft_dir: Path, corpus_dir: Path, *, n_prom
         "prompts": len(prompts),
         "new_tokens": n_new,
         "gamma": gamma,
+        "target_greedy_distinct_2": sum(distinct) / len(distinct),
         "draft": _acceptance(draft_agree, gamma),
         "early_exit_layer": exit_layer,
         "early_exit_val_loss": validation_loss(target, val, exit_layer=exit_layer) if exit_layer else None,
