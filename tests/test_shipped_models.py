@@ -1,8 +1,10 @@
-"""The embedded model pair shipped in quickdraft/assets: it loads in quickdraft and in transformers
-with the same logits, the draft and target share one vocabulary, and the held-out prompts are there."""
+"""The embedded model pairs shipped in quickdraft/assets: they load in quickdraft and in transformers
+with the same logits, each draft and target share one vocabulary, the copy pair copies its context,
+and the held-out prompts are there."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -10,63 +12,66 @@ import pytest
 import torch
 
 import quickdraft
+from quickdraft.assets import EMBEDDED_PAIRS
 from quickdraft.model.loader import load_model
 
 ASSETS = Path(quickdraft.__file__).resolve().parent / "assets"
-TARGET, DRAFT = ASSETS / "target", ASSETS / "draft"
 SNIPPET = 'def parse_args(argv=None):\n    """Parse the command line."""\n    parser = argparse.ArgumentParser('
+MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 pytestmark = pytest.mark.skipif(
-    not ((TARGET / "model.safetensors").exists() and (DRAFT / "model.safetensors").exists()),
-    reason="shipped model pair not installed yet (quickdraft train ... && quickdraft train install)",
+    not all((root / which / "model.safetensors").exists() for root in EMBEDDED_PAIRS.values()
+            for which in ("target", "draft")),
+    reason="shipped model pairs not installed yet (quickdraft train ... && quickdraft train install)",
 )
 
 
-@pytest.fixture(scope="module")
-def target():  # noqa: ANN201
-    return load_model(TARGET)
-
-
-@pytest.fixture(scope="module")
-def draft():  # noqa: ANN201
-    return load_model(DRAFT)
+@pytest.fixture(scope="module", params=sorted(EMBEDDED_PAIRS))
+def pair(request):  # noqa: ANN001, ANN201
+    root = EMBEDDED_PAIRS[request.param]
+    return {"name": request.param, "root": root, "target": load_model(root / "target"),
+            "draft": load_model(root / "draft")}
 
 
 def test_shipped_files_are_complete_and_small() -> None:
     total = 0
-    for model_dir in (TARGET, DRAFT):
-        for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                     "generation_config.json"):
-            assert (model_dir / name).exists(), f"{model_dir / name} is missing"
-        total += sum(f.stat().st_size for f in model_dir.iterdir())
+    for root in EMBEDDED_PAIRS.values():
+        for model_dir in (root / "target", root / "draft"):
+            for name in MODEL_FILES:
+                assert (model_dir / name).exists(), f"{model_dir / name} is missing"
+            total += sum(f.stat().st_size for f in model_dir.iterdir())
     assert total <= 80 * 2**20, f"shipped models take {total / 2**20:.1f} MiB, over the 80 MiB budget"
 
 
-def test_draft_and_target_share_one_vocabulary(target, draft) -> None:  # noqa: ANN001
+def test_both_pairs_speak_one_vocabulary(pair) -> None:  # noqa: ANN001
+    target, draft = pair["target"], pair["draft"]
     assert target.config.vocab_size == draft.config.vocab_size
     assert target.tokenizer.vocab == draft.tokenizer.vocab
     assert target.eos_token_ids == draft.eos_token_ids
+    default = json.loads((ASSETS / "target" / "tokenizer.json").read_text())
+    assert json.loads((pair["root"] / "target" / "tokenizer.json").read_text()) == default
 
 
-def test_draft_is_at_most_a_tenth_of_the_target(target, draft) -> None:  # noqa: ANN001
-    assert draft.n_params * 10 <= target.n_params
+def test_draft_is_at_most_a_tenth_of_the_target(pair) -> None:  # noqa: ANN001
+    assert pair["draft"].n_params * 10 <= pair["target"].n_params
 
 
-def test_early_exit_layer_is_recorded_and_valid(target) -> None:  # noqa: ANN001
-    layer = json.loads((TARGET / "config.json").read_text())["quickdraft_early_exit_layer"]
-    assert 1 <= layer < target.config.n_layer
+def test_early_exit_layer_is_recorded_and_valid(pair) -> None:  # noqa: ANN001
+    layer = json.loads((pair["root"] / "target" / "config.json").read_text())["quickdraft_early_exit_layer"]
+    assert 1 <= layer < pair["target"].config.n_layer
 
 
-def test_tokenizer_round_trips_python_source(target) -> None:  # noqa: ANN001
+def test_tokenizer_round_trips_python_source() -> None:
+    tokenizer = load_model(ASSETS / "target").tokenizer
     text = Path(quickdraft.__file__).read_text() + "\n\t# ünïcödé ✓\r\n"
-    assert target.tokenizer.decode(target.tokenizer.encode(text)) == text
+    assert tokenizer.decode(tokenizer.encode(text)) == text
 
 
 @pytest.mark.parametrize("which", ["target", "draft"])
-def test_transformers_loads_the_shipped_model_with_matching_logits(which: str, target, draft) -> None:  # noqa: ANN001
+def test_transformers_loads_the_shipped_model_with_matching_logits(which: str, pair) -> None:  # noqa: ANN001
     transformers = pytest.importorskip("transformers")
-    ours = target if which == "target" else draft
-    model_dir = TARGET if which == "target" else DRAFT
+    ours = pair[which]
+    model_dir = pair["root"] / which
     hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     ids = ours.tokenizer.encode(SNIPPET)
@@ -76,7 +81,22 @@ def test_transformers_loads_the_shipped_model_with_matching_logits(which: str, t
         expected = hf(tokens).logits
         got = ours.model(tokens)
     relative = (got - expected).abs().max() / expected.abs().max()
-    assert relative <= 1e-4, f"{which}: logits differ from transformers' by {relative:.2e} (relative)"
+    assert relative <= 1e-4, f"{pair['name']} {which}: logits differ from transformers' by {relative:.2e} (relative)"
+
+
+def test_embedded_names_resolve_to_their_pair() -> None:
+    from quickdraft.cli import resolve_target_and_drafter
+
+    assert load_model("embedded-copy", tokenizer=False).path == ASSETS / "copy" / "target"
+    for name, root in EMBEDDED_PAIRS.items():
+        args = argparse.Namespace(target=name, draft=None, drafter=None)
+        assert resolve_target_and_drafter(args) == (name, str(root / "draft"))  # the name loads the target
+    args = argparse.Namespace(target=str(ASSETS / "copy" / "target"), draft=None, drafter=None)
+    assert resolve_target_and_drafter(args)[1] == str(ASSETS / "copy" / "draft")
+    args = argparse.Namespace(target="embedded-copy", draft=None, drafter="prompt-lookup")
+    assert resolve_target_and_drafter(args) == ("embedded-copy", "prompt-lookup")
+    args = argparse.Namespace(target=None, draft=None, drafter=None)
+    assert resolve_target_and_drafter(args) == (str(ASSETS / "target"), str(ASSETS / "draft"))
 
 
 def test_held_out_prompts_are_shipped() -> None:
@@ -84,3 +104,24 @@ def test_held_out_prompts_are_shipped() -> None:
     prompts = [json.loads(line) for line in lines]
     assert len(prompts) >= 50
     assert all(p["prompt"].strip() and p["source"] for p in prompts)
+
+
+def repeated_held_out_spans(model, n: int = 32, span: int = 40) -> torch.Tensor:  # noqa: ANN001
+    """[n, 2 * span]: the first ``span`` tokens of ``n`` held-out prompts, each followed by itself."""
+    lines = (ASSETS / "prompts_heldout.jsonl").read_text().splitlines()
+    spans = [ids[:span] for ids in (model.tokenizer.encode(json.loads(line)["prompt"]) for line in lines)
+             if len(ids) >= span][:n]
+    assert len(spans) == n, "too few held-out prompts of span length"
+    return torch.tensor([s + s for s in spans])
+
+
+@pytest.mark.parametrize("which", ["target", "draft"])
+def test_copy_pair_copies_its_context(which: str) -> None:
+    """Prompt lookup pays on grounded prompts only if the target continues text it has seen; the
+    draft must copy too, or it disagrees with the target wherever the target copies."""
+    from quickdraft.train.copy_augment import repeat_top1
+
+    model = load_model(ASSETS / "copy" / which)
+    scores = repeat_top1(model.model, repeated_held_out_spans(model))
+    assert scores["repeat_top1"] >= 0.6, scores
+    assert scores["repeat_top1"] >= scores["first_top1"] + 0.25, scores

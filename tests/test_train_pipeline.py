@@ -116,6 +116,21 @@ def test_pipeline_trains_target_and_draft_and_loss_falls(corpus: Path, tmp_path:
     assert generations.shape == (12, old_generations.shape[1])
     assert np.array_equal(generations[:8], old_generations)
 
+    # install: the target stored in bf16 (what fp32 loading then gives is the bf16-rounded weights), the draft as is
+    from quickdraft.cli import main
+
+    assets = tmp_path / "assets"
+    assert main(["train", "install", "--target", str(target_dir), "--draft", str(tmp_path / "draft" / "final"),
+                 "--dest", str(assets)]) == 0
+    assert json.loads((assets / "target" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    installed, trained = load_model(assets / "target").model, load_model(target_dir).model
+    for (name, a), b in zip(installed.state_dict().items(), trained.state_dict().values()):
+        assert torch.equal(a, b.to(torch.bfloat16).float()), name
+    assert (assets / "draft" / "model.safetensors").read_bytes() == (tmp_path / "draft" / "final" / "model.safetensors").read_bytes()
+    assert main(["train", "install", "--target", str(tmp_path / "nowhere"), "--draft", str(target_dir),
+                 "--dest", str(tmp_path / "assets2")]) == 1
+    assert not (tmp_path / "assets2").exists()  # nothing half-installed
+
     report = evaluate_pair(target_dir, tmp_path / "draft" / "final", corpus, n_prompts=3, n_new=8,
                            prompts_out=tmp_path / "prompts.jsonl", threads=2, n_samples=1)
     assert 0.0 <= report["draft"]["alpha"] <= 1.0

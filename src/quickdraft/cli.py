@@ -35,7 +35,8 @@ def gamma_arg(text: str) -> int | str:
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     """Target / drafter / dtype / device flags shared by generate, serve and bench."""
-    parser.add_argument("--target", help="model directory or hub repo id (default: the embedded model)")
+    parser.add_argument("--target", help="model directory, hub repo id, or an embedded pair: embedded (the default) "
+                        "or embedded-copy (copies its context: for input-grounded work and prompt lookup)")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--draft", help="draft model directory or hub repo id (same vocabulary as the target)")
     group.add_argument("--drafter", help="early-exit[:L] | prompt-lookup[:n] | a draft model path")
@@ -64,14 +65,15 @@ def add_threads_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_target_and_drafter(args: argparse.Namespace) -> tuple[str, str | None]:
-    from quickdraft.assets import default_draft_path, default_target_path
+    """(target, drafter): an embedded target (the default, or one named by --target) brings its own
+    pair's draft unless a drafter is given."""
+    from quickdraft.assets import DEFAULT_PAIR, embedded_draft_path, embedded_pair_of, embedded_target_path
 
     drafter = args.draft or args.drafter
-    if args.target:
-        return args.target, drafter
-    target = default_target_path()
-    if drafter is None and args.__dict__.get("default_draft", True):
-        drafter = default_draft_path()
+    target = args.target or embedded_target_path(DEFAULT_PAIR)
+    pair = embedded_pair_of(target)
+    if drafter is None and pair is not None and args.__dict__.get("default_draft", True):
+        drafter = embedded_draft_path(pair)
     return target, drafter
 
 

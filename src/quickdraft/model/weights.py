@@ -27,11 +27,16 @@ HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.jinja"]
 
 
 def resolve_model_dir(path_or_id: str | Path) -> Path:
-    """A local directory as it is; otherwise a hub repo id, downloaded through huggingface_hub."""
+    """A local directory as it is; an embedded pair's name (``embedded``, ``embedded-copy``) as its
+    target; otherwise a hub repo id, downloaded through huggingface_hub."""
     path = Path(path_or_id).expanduser()
     if path.is_dir():
         return path
     text = str(path_or_id)
+    from quickdraft.assets import EMBEDDED_PAIRS, embedded_target_path
+
+    if text in EMBEDDED_PAIRS:
+        return Path(embedded_target_path(text))
     looks_like_repo_id = text.count("/") == 1 and not text.startswith((".", "/", "~"))
     if not looks_like_repo_id:
         raise ModelNotFoundError(f"model {text!r} not found: no such directory, and it is not a hub repo id (org/name)")

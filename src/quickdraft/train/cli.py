@@ -121,16 +121,36 @@ def _cmd_export(ns: argparse.Namespace) -> int:
     return 0
 
 
+def store_as_bf16(model_dir: Path) -> None:
+    """Rewrite ``model_dir``'s weights in bfloat16 (half the bytes; loaders upcast on request)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = model_dir / "model.safetensors"
+    tensors = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in load_file(weights).items()}
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    config = json.loads((model_dir / "config.json").read_text())
+    config["torch_dtype"] = "bfloat16"
+    (model_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
 def _cmd_install(ns: argparse.Namespace) -> int:
+    from quickdraft.assets import EMBEDDED_PAIRS
+
+    dest_root = ns.dest or EMBEDDED_PAIRS[ns.pair]
     for name, source in (("target", ns.target), ("draft", ns.draft)):
-        dest = ns.dest / name
+        missing = [source / file for file in SHIPPED_FILES if not (source / file).exists()]
+        if missing:
+            print(f"error: {missing[0]} is missing; train and export the {name} first", file=sys.stderr)
+            return 1
+    for name, source in (("target", ns.target), ("draft", ns.draft)):
+        dest = dest_root / name
         dest.mkdir(parents=True, exist_ok=True)
         for file in SHIPPED_FILES:
-            if not (source / file).exists():
-                print(f"error: {source / file} is missing; train and export the {name} first", file=sys.stderr)
-                return 1
             shutil.copyfile(source / file, dest / file)
-    print(f"installed target and draft into {ns.dest}")
+    if ns.target_dtype == "bf16":  # the draft stays fp32: it runs in fp32 on CPU (default_draft_dtype)
+        store_as_bf16(dest_root / "target")
+    print(f"installed target ({ns.target_dtype}) and draft into {dest_root}")
     return 0
 
 
@@ -232,7 +252,11 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("install", help="copy trained models into the package's assets/")
     p.add_argument("--target", type=Path, default=Path("runs/target/final"))
     p.add_argument("--draft", type=Path, default=Path("runs/draft/final"))
-    p.add_argument("--dest", type=Path, default=ASSETS_DIR)
+    p.add_argument("--pair", choices=("embedded", "embedded-copy"), default="embedded",
+                   help="which embedded pair to replace (default: embedded, the default pair)")
+    p.add_argument("--dest", type=Path, default=None, help="install here instead (DEST/target, DEST/draft)")
+    p.add_argument("--target-dtype", choices=("bf16", "fp32"), default="bf16",
+                   help="storage of the target's weights (bf16: both shipped pairs fit the 80 MB budget)")
     p.set_defaults(func=_cmd_install)
 
     p = sub.add_parser("all", help="the whole pipeline with default settings")
