@@ -21,6 +21,7 @@ from quickdraft.model.transformer import Transformer, rope_inverse_frequencies
 log = logging.getLogger(__name__)
 
 SINGLE_FILE = "model.safetensors"
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}  # config.json torch_dtype
 INDEX_FILE = "model.safetensors.index.json"
 PICKLE_PATTERNS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")
 HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.jinja"]
@@ -237,6 +238,18 @@ def save_pretrained(model: Transformer, out_dir: Path, *, dtype: torch.dtype | N
         state = {n: t.to(dtype) for n, t in state.items()}
     config = hf_config_dict(model.config)
     if dtype is not None:
-        config["torch_dtype"] = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
+        config["torch_dtype"] = DTYPE_NAMES[dtype]
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file(state, str(out_dir / SINGLE_FILE), metadata={"format": "pt"})
+
+
+def cast_saved_weights(model_dir: Path, dtype: torch.dtype) -> None:
+    """Rewrite ``model_dir``'s single-file weights (and config.json's torch_dtype) in ``dtype``."""
+    from safetensors.torch import load_file, save_file
+
+    weights = model_dir / SINGLE_FILE
+    tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in load_file(weights).items()}
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    config = json.loads((model_dir / "config.json").read_text())
+    config["torch_dtype"] = DTYPE_NAMES[dtype]
+    (model_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -121,19 +121,6 @@ def _cmd_export(ns: argparse.Namespace) -> int:
     return 0
 
 
-def store_as_bf16(model_dir: Path) -> None:
-    """Rewrite ``model_dir``'s weights in bfloat16 (half the bytes; loaders upcast on request)."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    weights = model_dir / "model.safetensors"
-    tensors = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in load_file(weights).items()}
-    save_file(tensors, str(weights), metadata={"format": "pt"})
-    config = json.loads((model_dir / "config.json").read_text())
-    config["torch_dtype"] = "bfloat16"
-    (model_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-
-
 def _cmd_install(ns: argparse.Namespace) -> int:
     from quickdraft.assets import EMBEDDED_PAIRS
 
@@ -149,7 +136,11 @@ def _cmd_install(ns: argparse.Namespace) -> int:
         for file in SHIPPED_FILES:
             shutil.copyfile(source / file, dest / file)
     if ns.target_dtype == "bf16":  # the draft stays fp32: it runs in fp32 on CPU (default_draft_dtype)
-        store_as_bf16(dest_root / "target")
+        import torch
+
+        from quickdraft.model.weights import cast_saved_weights
+
+        cast_saved_weights(dest_root / "target", torch.bfloat16)
     print(f"installed target ({ns.target_dtype}) and draft into {dest_root}")
     return 0
 

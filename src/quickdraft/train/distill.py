@@ -184,8 +184,7 @@ def train_draft(args: TrainArgs, shape: ModelShape, target_dir: Path, *, generat
     tokens = np.memmap(args.data_dir / "train.bin", dtype=np.uint16, mode="r")
     bootstrap: dict[str, float] = {}
     if induction_steps > 0 and not (args.resume and (args.out_dir / CHECKPOINT).exists()):
-        bootstrap = induction_bootstrap(draft, tokens, induction_steps, lr=INDUCTION_LR, seed=args.seed,
-                                        threads=args.threads)
+        bootstrap = induction_bootstrap(draft, tokens, induction_steps, lr=INDUCTION_LR, seed=args.seed)
     gen_path = args.out_dir / "generations.npy"
     if regenerate and gen_path.exists():
         gen_path.unlink()

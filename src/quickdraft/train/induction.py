@@ -57,13 +57,10 @@ def repeat_accuracy(model: Transformer, windows: torch.Tensor) -> float:
     return float((predicted == windows[:, half:]).float().mean())
 
 
-def induction_bootstrap(model: Transformer, tokens: np.ndarray, steps: int, *, lr: float, seed: int,
-                        threads: int | None = None) -> dict[str, float]:
+def induction_bootstrap(model: Transformer, tokens: np.ndarray, steps: int, *, lr: float, seed: int) -> dict[str, float]:
     """``steps`` of cross-entropy on random-repeat windows; returns the repeat accuracy before and after."""
     if steps < 1:
         raise ValueError(f"induction bootstrap needs at least one step, got {steps}")
-    if threads:
-        torch.set_num_threads(threads)
     held_out = random_repeat_batch(tokens, 32, WINDOW + 1, seed + 1, 0)
     before = repeat_accuracy(model, held_out)
     optimizer = make_optimizer(model, lr, WEIGHT_DECAY)
