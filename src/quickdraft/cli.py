@@ -67,13 +67,12 @@ def add_threads_arg(parser: argparse.ArgumentParser) -> None:
 def resolve_target_and_drafter(args: argparse.Namespace) -> tuple[str, str | None]:
     """(target, drafter): an embedded target (the default, or one named by --target) brings its own
     pair's draft unless a drafter is given."""
-    from quickdraft.assets import DEFAULT_PAIR, embedded_draft_path, embedded_pair_of, embedded_target_path
+    from quickdraft.assets import default_target_path, embedded_draft_for
 
     drafter = args.draft or args.drafter
-    target = args.target or embedded_target_path(DEFAULT_PAIR)
-    pair = embedded_pair_of(target)
-    if drafter is None and pair is not None and args.__dict__.get("default_draft", True):
-        drafter = embedded_draft_path(pair)
+    target = args.target or default_target_path()
+    if drafter is None and args.__dict__.get("default_draft", True):
+        drafter = embedded_draft_for(target)
     return target, drafter
 
 

@@ -53,6 +53,12 @@ def embedded_pair_of(target: str | Path) -> str | None:
     return next((name for name, root in EMBEDDED_PAIRS.items() if resolved == (root / "target").resolve()), None)
 
 
+def embedded_draft_for(target: str | Path) -> str | None:
+    """The draft of the embedded pair whose target ``target`` is (by name or path), else None."""
+    pair = embedded_pair_of(target)
+    return embedded_draft_path(pair) if pair is not None else None
+
+
 def embedded_pair_available(pair: str = DEFAULT_PAIR) -> bool:
     root = EMBEDDED_PAIRS[pair]
     return (root / "target" / "config.json").exists() and (root / "draft" / "config.json").exists()

@@ -48,7 +48,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def settings_from_args(args: argparse.Namespace):
-    from quickdraft.assets import DEFAULT_PAIR, embedded_draft_path, embedded_pair_of, embedded_target_path
+    from quickdraft.assets import default_target_path, embedded_draft_for
     from quickdraft.bench.harness import BenchSettings
 
     early_exit, prompt_lookup, draft = "early-exit", "prompt-lookup", args.draft
@@ -59,10 +59,8 @@ def settings_from_args(args: argparse.Namespace):
             prompt_lookup = args.drafter
         else:
             draft = args.drafter
-    target = args.target or embedded_target_path(DEFAULT_PAIR)
-    pair = embedded_pair_of(target)
-    if draft is None and pair is not None:
-        draft = embedded_draft_path(pair)
+    target = args.target or default_target_path()
+    draft = draft or embedded_draft_for(target)
     overrides = {k: v for k, v in dict(
         prompts=args.prompts, prompt_limit=args.prompt_limit, max_new_tokens=args.max_new_tokens,
         repeats=args.repeats, gammas=args.gammas, max_gamma=args.max_gamma, sampling_gammas=args.sampling_gammas, threads=args.threads,

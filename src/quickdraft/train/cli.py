@@ -22,11 +22,11 @@ import sys
 from dataclasses import asdict, fields
 from pathlib import Path
 
+from quickdraft.assets import ASSETS, DEFAULT_PAIR, EMBEDDED_PAIRS
 from quickdraft.train.shapes import EMBEDDED_DRAFT_SHAPE, EMBEDDED_TARGET_SHAPE, TARGET_BLOCK_SIZE, ModelShape
 
 log = logging.getLogger(__name__)
 
-ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 SHIPPED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 
@@ -122,8 +122,6 @@ def _cmd_export(ns: argparse.Namespace) -> int:
 
 
 def _cmd_install(ns: argparse.Namespace) -> int:
-    from quickdraft.assets import EMBEDDED_PAIRS
-
     dest_root = ns.dest or EMBEDDED_PAIRS[ns.pair]
     for name, source in (("target", ns.target), ("draft", ns.draft)):
         missing = [source / file for file in SHIPPED_FILES if not (source / file).exists()]
@@ -222,8 +220,8 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_draft)
 
     p = sub.add_parser("eval", help="validation loss and greedy acceptance (draft and early exit)")
-    p.add_argument("--target", type=Path, default=ASSETS_DIR / "target")
-    p.add_argument("--draft", type=Path, default=ASSETS_DIR / "draft")
+    p.add_argument("--target", type=Path, default=ASSETS / "target")
+    p.add_argument("--draft", type=Path, default=ASSETS / "draft")
     p.add_argument("--data", type=Path, default=Path("data/corpus"))
     p.add_argument("--prompts", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=64)
@@ -243,7 +241,7 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("install", help="copy trained models into the package's assets/")
     p.add_argument("--target", type=Path, default=Path("runs/target/final"))
     p.add_argument("--draft", type=Path, default=Path("runs/draft/final"))
-    p.add_argument("--pair", choices=("embedded", "embedded-copy"), default="embedded",
+    p.add_argument("--pair", choices=tuple(EMBEDDED_PAIRS), default=DEFAULT_PAIR,
                    help="which embedded pair to replace (default: embedded, the default pair)")
     p.add_argument("--dest", type=Path, default=None, help="install here instead (DEST/target, DEST/draft)")
     p.add_argument("--target-dtype", choices=("bf16", "fp32"), default="bf16",
