@@ -73,7 +73,8 @@ def test_bench_reports_every_configuration_and_greedy_outputs_equal_plain(pair, 
         assert (out / name).stat().st_size > 0
     rows = {r["method"]: r for r in report["results"]}
     expected = {"plain", "plain exact", "draft γ=1", "draft γ=3", "draft auto", "draft auto exact",
-                "early exit auto", "prompt lookup auto", "plain T=0.8", "draft γ=2 T=0.8", "draft auto T=0.8"}
+                "early exit auto", "prompt lookup auto", "plain T=0.8", "draft γ=2 T=0.8", "draft auto T=0.8",
+                "draft auto rejection T=0.8"}
     assert expected <= set(rows)
     assert rows["plain"]["speedup"] == pytest.approx(1.0)
     assert rows["plain T=0.8"]["speedup"] == pytest.approx(1.0)  # sampling runs are measured against plain sampling
@@ -81,6 +82,7 @@ def test_bench_reports_every_configuration_and_greedy_outputs_equal_plain(pair, 
     assert set(rows["prompt lookup auto"]["speedup_by_kind"]) == {"continuation", "grounded"}
     assert report["settings"]["dtype"] in ("fp32", "bf16") and report["settings"]["draft_dtype"] == "fp32"
     assert rows["draft auto T=0.8"]["baseline"] == "plain T=0.8"
+    assert rows["draft auto rejection T=0.8"]["rule"] == "rejection" and "equals_plain" not in rows["draft auto rejection T=0.8"]
     for row in rows.values():
         assert row["tokens"] == 2 * 10  # EOS ignored: every method generates max_new_tokens per prompt
         assert row["tokens_per_s"] > 0
@@ -92,6 +94,8 @@ def test_bench_reports_every_configuration_and_greedy_outputs_equal_plain(pair, 
             assert len(row["per_position_acceptance"]) <= 8
         if row["decoding"] == "greedy" and not row["peer"]:
             assert row["equals_plain"], f"{row['method']}: greedy output differs from plain greedy"
+        if row["rule"] == "auto":  # seeded sampling, coupled rule: the same tokens as seeded plain sampling
+            assert row["equals_plain"], f"{row['method']}: seeded output differs from seeded plain sampling"
     assert rows["draft γ=3"]["alpha"] > 0  # the related draft is sometimes right
     headline = report["headline"]
     assert headline["best_draft_greedy"]["method"] in rows and headline["best_draft_sampling"]["method"] in rows

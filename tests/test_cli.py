@@ -82,11 +82,33 @@ def test_unknown_model_exits_2(tmp_path, capsys):
     assert "not found" in capsys.readouterr().err
 
 
-def test_gamma_must_be_positive_or_auto(text_models, capsys):
+def test_gamma_must_be_non_negative_or_auto(text_models, capsys):
     target, _ = text_models
     with pytest.raises(SystemExit):
-        main(["generate", "--target", str(target), "--prompt", "hi", "--gamma", "0"])
-    assert "gamma must be >= 1" in capsys.readouterr().err
+        main(["generate", "--target", str(target), "--prompt", "hi", "--gamma", "-1"])
+    assert "gamma must be >= 0" in capsys.readouterr().err
+
+
+def test_gamma_0_decodes_plainly_with_a_draft_given(text_models, capsys):
+    target, draft = text_models
+    out = run_json(capsys, "generate", "--target", str(target), "--draft", str(draft), "--prompt", "def f(x):",
+                   "--max-new-tokens", "12", "--gamma", "0", "--json")
+    assert out["stats"]["drafted"] == 0 and out["stats"]["target_calls"] == 12
+
+
+def test_a_seed_gives_the_same_text_whatever_gamma(text_models, capsys):
+    target, draft = text_models
+    common = ["generate", "--target", str(target), "--draft", str(draft), "--prompt", "def f(x):",
+              "--max-new-tokens", "24", "--temperature", "0.8", "--seed", "7", "--json"]
+    texts = {run_json(capsys, *common, "--gamma", gamma)["text"] for gamma in ("0", "1", "4", "auto")}
+    assert len(texts) == 1
+
+
+def test_an_unknown_sampling_rule_exits_2(text_models, capsys):
+    target, _ = text_models
+    assert main(["generate", "--target", str(target), "--prompt", "hi", "--temperature", "1",
+                 "--sampling-rule", "gumbel"]) == 2
+    assert "rule must be one of" in capsys.readouterr().err
 
 
 def test_loading_holds_the_weights_once(tmp_path):

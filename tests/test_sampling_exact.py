@@ -1,5 +1,6 @@
 """Speculative sampling follows the target's distribution exactly: chi-square goodness of fit of
-the first three generated tokens against the distribution computed by enumeration.
+the first three generated tokens against the distribution computed by enumeration, for both
+verification rules (rejection sampling, and the coupled rule of quickdraft/randomness.py).
 
 The twelve (temperature, top-k, top-p, γ) configurations use a 0-layer target and draft (embedding,
 final norm, LM head: each a bigram model with its own distribution), because 20,000 samples per
@@ -17,6 +18,7 @@ import torch
 from scipy.stats import chisquare
 
 import quickdraft.engine as engine_module
+import quickdraft.randomness as randomness
 from hf_factory import make_hf_checkpoint
 from quickdraft import Engine, SamplingParams
 from quickdraft.model.loader import load_model
@@ -28,12 +30,13 @@ REPETITIVE_PROMPT = [3, 1, 4, 1, 5, 3, 1, 4]  # prompt lookup finds (3, 1, 4) an
 N_SAMPLES = 20_000
 N_SAMPLES_MULTI_LAYER = 10_000
 ALPHA = 0.001
-# temperature, top-k, top-p, gamma: every value of each appears in several configurations.
+# temperature, top-k, top-p, gamma, rule: each rule meets every temperature, both top-k and top-p
+# settings and three values of gamma in its six configurations.
 CONFIGS = [
-    (0.5, 0, 1.0, 1), (1.0, 0, 1.0, 3), (1.5, 0, 1.0, 6),
-    (0.5, 5, 1.0, 3), (1.0, 5, 1.0, 6), (1.5, 5, 1.0, 1),
-    (0.5, 0, 0.8, 6), (1.0, 0, 0.8, 1), (1.5, 0, 0.8, 3),
-    (0.5, 5, 0.8, 1), (1.0, 5, 0.8, 3), (1.5, 5, 0.8, 6),
+    (0.5, 0, 1.0, 1, "coupled"), (1.0, 0, 1.0, 3, "rejection"), (1.5, 0, 1.0, 6, "coupled"),
+    (0.5, 5, 1.0, 3, "rejection"), (1.0, 5, 1.0, 6, "coupled"), (1.5, 5, 1.0, 1, "rejection"),
+    (0.5, 0, 0.8, 6, "coupled"), (1.0, 0, 0.8, 1, "rejection"), (1.5, 0, 0.8, 3, "coupled"),
+    (0.5, 5, 0.8, 1, "rejection"), (1.0, 5, 0.8, 3, "coupled"), (1.5, 5, 0.8, 6, "rejection"),
 ]
 
 
@@ -74,7 +77,7 @@ def speculative_samples(
     out = np.empty((n, 3), dtype=np.int64)
     for i in range(n):
         ids: list[int] = []
-        sampling = SamplingParams(params.temperature, params.top_k, params.top_p, seed=i)
+        sampling = SamplingParams(params.temperature, params.top_k, params.top_p, seed=i, rule=params.rule)
         # max_new_tokens leaves room for a full draft of gamma in the first step
         for event in engine.stream(prompt, 3 + gamma, sampling, gamma):
             ids.extend(event.token_ids)
@@ -112,10 +115,10 @@ def fit_p_values(samples: np.ndarray, joint: np.ndarray) -> dict[str, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("temperature,top_k,top_p,gamma", CONFIGS)
-def test_speculative_sampling_matches_target_distribution(bigram_pair, temperature, top_k, top_p, gamma):
+@pytest.mark.parametrize("temperature,top_k,top_p,gamma,rule", CONFIGS)
+def test_speculative_sampling_matches_target_distribution(bigram_pair, temperature, top_k, top_p, gamma, rule):
     target, draft = bigram_pair
-    params = SamplingParams(temperature, top_k, top_p)
+    params = SamplingParams(temperature, top_k, top_p, rule=rule)
     engine = Engine(target, draft, exact=False)
     samples = speculative_samples(engine, params, gamma, N_SAMPLES)
     p_values = fit_p_values(samples, exact_joint(target, params))
@@ -124,13 +127,15 @@ def test_speculative_sampling_matches_target_distribution(bigram_pair, temperatu
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "drafter,prompt", [("draft-model", PROMPT), ("early-exit:1", PROMPT), ("prompt-lookup", REPETITIVE_PROMPT)]
+    "drafter,prompt,rule",
+    [("draft-model", PROMPT, "rejection"), ("draft-model", PROMPT, "coupled"), ("early-exit:1", PROMPT, "coupled"),
+     ("prompt-lookup", REPETITIVE_PROMPT, "rejection")],
 )
-def test_multi_layer_sampling_matches_target_distribution(pair, drafter, prompt):
+def test_multi_layer_sampling_matches_target_distribution(pair, drafter, prompt, rule):
     """A 2-layer target: the draft model and early exit draft with a q; prompt lookup drafts point
     masses (accepted exactly when the target's own sample would agree with them)."""
     target, draft = pair
-    params = SamplingParams(1.0, 0, 1.0)
+    params = SamplingParams(1.0, 0, 1.0, rule=rule)
     engine = Engine(target, draft if drafter == "draft-model" else drafter, exact=False)
     samples = speculative_samples(engine, params, 3, N_SAMPLES_MULTI_LAYER, prompt)
     assert engine.generate(prompt, 16, SamplingParams(1.0, seed=0), gamma=3).stats.drafted > 0
@@ -147,7 +152,19 @@ def test_chi_square_detects_a_verifier_that_accepts_every_draft(bigram_pair, mon
         return len(draft_tokens), int(torch.multinomial(p[len(draft_tokens)], 1, generator=generator))
 
     monkeypatch.setattr(engine_module, "verify_sampling", accept_everything)
-    params = SamplingParams(1.0, 0, 1.0)
+    params = SamplingParams(1.0, 0, 1.0, rule="rejection")
+    engine = Engine(target, draft, exact=False)
+    samples = speculative_samples(engine, params, 3, N_SAMPLES // 4)
+    p_values = fit_p_values(samples, exact_joint(target, params))
+    assert p_values["joint"] < ALPHA, p_values
+
+
+def test_chi_square_detects_coupled_noise_not_keyed_by_position(bigram_pair, monkeypatch):
+    """The coupled rule is exact only because every position has fresh noise: noise keyed by the
+    seed alone (the same vector at every position) correlates successive tokens, and the test sees it."""
+    target, draft = bigram_pair
+    monkeypatch.setattr(randomness, "position_seed", lambda seed, position: seed)
+    params = SamplingParams(1.0, 0, 1.0, rule="coupled")
     engine = Engine(target, draft, exact=False)
     samples = speculative_samples(engine, params, 3, N_SAMPLES // 4)
     p_values = fit_p_values(samples, exact_joint(target, params))

@@ -191,6 +191,33 @@ def test_sampling_with_a_seed_is_reproducible(client):
     assert client.completions.create(**kwargs).choices[0].text == first
 
 
+def test_a_seeded_request_returns_the_same_text_whatever_gamma_and_neighbours(client):
+    """The seed's promise (coupled rule): alone, at any gamma, streamed, or among concurrent requests."""
+    prompts = ["abcabcabc", "Once upon", "xyxyxy", "hello"]
+
+    def ask(prompt: str, seed: int, **extra) -> str:
+        return client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0.9, seed=seed,
+                                         **extra).choices[0].text
+
+    alone = {p: ask(p, seed) for seed, p in enumerate(prompts)}
+    for gamma in (0, 1, 4):
+        assert {p: ask(p, seed, extra_body={"gamma": gamma}) for seed, p in enumerate(prompts)} == alone
+    stream = client.completions.create(model=MODEL, prompt=prompts[0], max_tokens=24, temperature=0.9, seed=0,
+                                       stream=True)
+    assert "".join(chunk.choices[0].text for chunk in stream if chunk.choices) == alone[prompts[0]]
+    results: dict[tuple[str, int], str] = {}
+
+    def worker(prompt: str, seed: int) -> None:
+        results[(prompt, seed)] = ask(prompt, seed)
+
+    threads = [threading.Thread(target=worker, args=(p, seed)) for _ in range(4) for seed, p in enumerate(prompts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert {p: results[(p, seed)] for seed, p in enumerate(prompts)} == alone
+
+
 def test_stop_string_ends_the_completion(client, engine):
     prompt = "abcabcabc"
     full = engine.generate(prompt, 24, gamma="auto").text

@@ -27,9 +27,9 @@ def gamma_arg(text: str) -> int | str:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"gamma must be an integer >= 1 or 'auto', got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"gamma must be >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"gamma must be an integer >= 0 or 'auto', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"gamma must be >= 0 (0 = plain decoding), got {value}")
     return value
 
 
@@ -104,7 +104,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from quickdraft.sampling import SamplingParams
 
     engine = build_engine(args)
-    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                              rule=args.sampling_rule)
     gamma = args.gamma if engine.drafter is not None else 0
     if args.json:
         result = engine.generate(args.prompt, args.max_new_tokens, sampling, gamma, args.stop)
@@ -195,8 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--seed", type=int)
-    gen.add_argument("--gamma", type=gamma_arg, default="auto", help="draft length: an integer or 'auto'")
+    gen.add_argument("--seed", type=int, help="with a seed the same command prints the same text, whatever γ "
+                     "and drafter (the coupled rule: identical to seeded plain decoding)")
+    gen.add_argument("--sampling-rule", default="auto",
+                     help="how sampled drafts are verified: coupled (reproducible per seed), rejection "
+                     "(min(1, p/q): accepts a little more often), or auto (default: coupled when --seed is given)")
+    gen.add_argument("--gamma", type=gamma_arg, default="auto",
+                     help="draft length: an integer (0 = plain decoding) or 'auto'")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     add_threads_arg(gen)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from quickdraft.exact import exact_row_bucket
 from quickdraft.model.compiled import CompiledSteps, static_capacity
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.loader import LoadedModel, default_draft_dtype, load_model
+from quickdraft.randomness import CoupledSampler, MultinomialSampler, TokenSampler, fresh_seed
 from quickdraft.sampling import GREEDY, SamplingParams, probabilities
 from quickdraft.stats import GenerationStats
 from quickdraft.text_stream import TextStream
@@ -265,8 +265,8 @@ class Engine:
         if self.target_steps is not None:
             capacity = static_capacity(capacity)  # compiled steps are shaped by it: few distinct values
         cache = self._new_target_cache(capacity)
-        seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
-        generator = torch.Generator().manual_seed(seed)
+        seed = sampling.seed if sampling.seed is not None else fresh_seed()
+        sampler: TokenSampler = CoupledSampler(seed) if sampling.coupled else MultinomialSampler(seed)
         if drafter is not None:
             drafter.begin(prompt_ids, DraftContext(self.model, cache, capacity, self.vocab_limit))
 
@@ -288,7 +288,7 @@ class Engine:
             drafter_seconds = None
             if k > 0:
                 t0 = time.perf_counter()
-                draft = drafter.propose(tokens, k, sampling, generator, confidence_stop)
+                draft = drafter.propose(tokens, k, sampling, sampler, confidence_stop)
                 elapsed = time.perf_counter() - t0
                 stats.drafter_seconds += elapsed
                 stats.drafter_calls += draft.forward_calls
@@ -297,13 +297,16 @@ class Engine:
             logits = self._target_forward([tokens[-1], *draft.tokens], cache, pad_to=rows)
             if sampling.greedy:
                 n, nxt = verify_greedy(draft.tokens, logits.argmax(-1).tolist())
+            elif sampler.coupled:
+                n, nxt = verify_greedy(draft.tokens, sampler.draw_rows(probabilities(logits, sampling), len(tokens)))
             else:
-                p = probabilities(logits, sampling)
-                n, nxt = verify_sampling(draft.tokens, draft.q, p, generator)
+                assert isinstance(sampler, MultinomialSampler)
+                n, nxt = verify_sampling(draft.tokens, draft.q, probabilities(logits, sampling), sampler.generator)
             target_seconds = time.perf_counter() - t0
             stats.target_seconds += target_seconds
             new = [*draft.tokens[:n], nxt]
             tokens.extend(new)
+            sampler.forget_before(len(tokens))
             cache.set_length(len(tokens) - 1)
             if drafter is not None and k > 0:
                 drafter.accept(n)

@@ -5,6 +5,9 @@ Given γ draft tokens and the target's distributions at the γ + 1 positions the
 - sampling: accept draft x_i with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection
   draw from norm(max(0, p_i − q_i)); after full acceptance draw a bonus token from p_γ.
 A drafter without a distribution (prompt lookup) drew from a point mass: q_i = one-hot(x_i).
+- coupled sampling (quickdraft/randomness.py): the target's token at each position is drawn from
+  p_i with the noise the drafter used there, and the greedy rule runs on those tokens
+  (``verify_greedy(draft, target_tokens)``): output identical to seeded plain decoding.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from quickdraft.sampling import sample
 
 
 def verify_greedy(draft: list[int], target_argmax: list[int]) -> tuple[int, int]:
-    """target_argmax: the target's argmax at each of the len(draft) + 1 positions.
+    """target_argmax: the target's argmax (or coupled sample) at each of the len(draft) + 1 positions.
 
     Returns (number of draft tokens accepted, the target's token that follows them).
     """

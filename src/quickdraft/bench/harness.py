@@ -110,6 +110,7 @@ class Method:
     gamma: int | str  # 0 = plain decoding
     exact: bool
     temperature: float
+    rule: str = "auto"  # SamplingParams.rule; the bench seeds every run, so "auto" is the coupled rule
 
     @property
     def greedy(self) -> bool:
@@ -180,8 +181,8 @@ class RecordingDrafter(Drafter):
         self._proposed = 0
         self.inner.begin(prompt_ids, context)
 
-    def propose(self, tokens, k, sampling, generator, confidence_stop=None) -> Draft:  # noqa: ANN001
-        draft = self.inner.propose(tokens, k, sampling, generator, confidence_stop)
+    def propose(self, tokens, k, sampling, sampler, confidence_stop=None) -> Draft:  # noqa: ANN001
+        draft = self.inner.propose(tokens, k, sampling, sampler, confidence_stop)
         self._proposed = len(draft.tokens)
         return draft
 
@@ -253,7 +254,7 @@ class OurRunner:
         self.recorder = engine.drafter if isinstance(engine.drafter, RecordingDrafter) else None
 
     def __call__(self, ids: list[int], max_new: int, seed: int) -> tuple[list[int], Any]:
-        sampling = SamplingParams(temperature=self.method.temperature, seed=seed)
+        sampling = SamplingParams(temperature=self.method.temperature, seed=seed, rule=self.method.rule)
         result = self.engine.generate(ids, max_new, sampling, self.method.gamma)
         return result.token_ids, result.stats
 
@@ -290,8 +291,8 @@ class Bench:
                 engines[key] = e
             return engines[key]
 
-        def add(name: str, family: str, gamma: int | str, exact: bool, temperature: float) -> None:
-            method = Method(name, family, gamma, exact, temperature)
+        def add(name: str, family: str, gamma: int | str, exact: bool, temperature: float, rule: str = "auto") -> None:
+            method = Method(name, family, gamma, exact, temperature, rule)
             runs.append((method, OurRunner(engine(family, exact), method)))
 
         too_big = sorted({g for g in (*s.gammas, *s.sampling_gammas) if g > s.max_gamma})
@@ -309,6 +310,8 @@ class Bench:
                     add(f"draft γ={g}{suffix}", "draft", g, False, temperature)
                 for exact in modes if full else [False]:
                     add(f"draft auto{' exact' if exact else ''}{suffix}", "draft", "auto", exact, temperature)
+                if temperature > 0:  # the seeded runs use the coupled rule; rejection sampling beside it
+                    add(f"draft auto rejection{suffix}", "draft", "auto", False, temperature, "rejection")
             if not full and draft is not None:
                 continue
             if s.early_exit and target.config.n_layer > 1:
@@ -484,7 +487,7 @@ def summarize(methods: list[Method], rounds: list[dict[str, RoundResult]],
         speedup = statistics.median(r.tokens_per_s / b.tokens_per_s for r, b in zip(per_round, base) if b.tokens_per_s)
         row: dict[str, Any] = {
             "method": m.name, "family": m.family, "decoding": m.decoding, "temperature": m.temperature,
-            "gamma": m.gamma, "exact": m.exact, "peer": m.peer,
+            "gamma": m.gamma, "exact": m.exact, "peer": m.peer, "rule": None if m.greedy or m.peer else m.rule,
             "tokens_per_s": tps, "tokens_per_s_rounds": [r.tokens_per_s for r in per_round],
             "tokens_per_wall_s": statistics.median(r.tokens / r.wall_seconds for r in per_round if r.wall_seconds),
             "speedup": speedup, "baseline": base_name,
@@ -537,8 +540,10 @@ def summarize(methods: list[Method], rounds: list[dict[str, RoundResult]],
                 "efficiency": speedup / bound if bound else None,
                 "bound_with_verify_cost": bound_verify,
             })
-        if m.greedy:
-            reference = BASELINE if not m.exact else PLAIN_EXACT
+        # Greedy, and seeded sampling under the coupled rule ("auto" with a seed), must reproduce plain
+        # decoding's tokens (bit for bit in exact mode; outside it up to last-bit ties).
+        if m.greedy or (not m.peer and m.rule in ("auto", "coupled")):
+            reference = (BASELINE if not m.exact else PLAIN_EXACT) + ("" if m.greedy else f" T={m.temperature:g}")
             if reference in rounds[0]:
                 same = [r.outputs == rd[reference].outputs for r, rd in zip(per_round, rounds)]
                 per_prompt = [all(rd[m.name].outputs[i] == rd[reference].outputs[i] for rd in rounds)

@@ -9,7 +9,7 @@ from typing import Any
 CLOCK_NAMES = {"wall": "wall-clock time", "cpu": "the process's CPU time (the machine was shared)"}
 
 COLUMNS = (
-    ("method", "method"), ("decoding", "decoding"), ("tokens/s", "tokens_per_s"), ("speedup", "speedup"),
+    ("method", "method"), ("decoding", "decoding"), ("rule", "rule"), ("tokens/s", "tokens_per_s"), ("speedup", "speedup"),
     ("speedup by prompt kind", "speedup_by_kind"), ("α", "alpha"), ("accepted/drafted", "acceptance_rate"), ("tokens/call", "mean_accepted_length"),
     ("mean γ", "gamma_mean"), ("c", "cost"), ("verify cost", "verify_cost"), ("bound", "bound"),
     ("efficiency", "efficiency"), ("bound (verify cost)", "bound_with_verify_cost"), ("= plain", "equals_plain_fraction"), ("per-position acceptance", "per_position_acceptance"),

@@ -16,7 +16,8 @@ import torch
 
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.transformer import Transformer
-from quickdraft.sampling import SamplingParams, probabilities, sample, top_probability
+from quickdraft.randomness import TokenSampler
+from quickdraft.sampling import SamplingParams, probabilities, top_probability
 
 
 @dataclass
@@ -48,11 +49,13 @@ class Drafter(ABC):
         tokens: list[int],
         k: int,
         sampling: SamplingParams,
-        generator: torch.Generator | None,
+        sampler: TokenSampler,
         confidence_stop: float | None = None,
     ) -> Draft:
         """Up to k tokens to follow ``tokens`` (all committed tokens, prompt included).
 
+        A sampled draft token for sequence position ``len(tokens) + i`` is drawn by
+        ``sampler.draw(q, len(tokens) + i)`` (the coupled rule needs the position).
         ``confidence_stop``: stop early when the drafter's top probability falls below it.
         """
 
@@ -70,11 +73,12 @@ def draft_autoregressively(
     step: Callable[[int], torch.Tensor],
     k: int,
     sampling: SamplingParams,
-    generator: torch.Generator | None,
+    sampler: TokenSampler,
+    first_position: int,
     confidence_stop: float | None,
 ) -> Draft:
-    """Draw up to k tokens from a model: ``logits`` [vocab] predict the first; ``step(token)``
-    feeds a drawn token and returns the logits for the next. Each token is drawn from exactly the
+    """Draw up to k tokens from a model: ``logits`` [vocab] predict the first, at sequence position
+    ``first_position``; ``step(token)`` feeds a drawn token and returns the logits for the next. Each token is drawn from exactly the
     q it is returned with (the argmax, a point mass, when greedy). ``forward_calls`` counts the
     calls of ``step`` plus one for the caller's first forward."""
     drafted: list[int] = []
@@ -87,7 +91,7 @@ def draft_autoregressively(
             token = int(logits.argmax())
         else:
             q = probabilities(logits, sampling)
-            token = sample(q, generator)
+            token = sampler.draw(q, first_position + i)
             qs.append(q)
         drafted.append(token)
         if i < k - 1:

@@ -12,6 +12,7 @@ from quickdraft.model.compiled import CompiledSteps, static_capacity
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.loader import LoadedModel
 from quickdraft.model.tokenizer import Tokenizer
+from quickdraft.randomness import TokenSampler
 from quickdraft.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -83,13 +84,14 @@ class DraftModelDrafter(Drafter):
         tokens: list[int],
         k: int,
         sampling: SamplingParams,
-        generator: torch.Generator | None,
+        sampler: TokenSampler,
         confidence_stop: float | None = None,
     ) -> Draft:
         assert self.cache is not None, "begin() first"
         logits = self._forward(tokens[self.cache.length :])
         self._base = len(tokens)
-        draft = draft_autoregressively(logits, lambda t: self._forward([t]), k, sampling, generator, confidence_stop)
+        draft = draft_autoregressively(logits, lambda t: self._forward([t]), k, sampling, sampler, len(tokens),
+                                       confidence_stop)
         self._fed = draft.forward_calls - 1  # drafted tokens now in the cache
         return draft
 

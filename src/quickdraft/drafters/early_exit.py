@@ -10,6 +10,7 @@ from quickdraft.drafters.base import Draft, DraftContext, Drafter, draft_autoreg
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.transformer import Transformer
+from quickdraft.randomness import TokenSampler
 from quickdraft.sampling import SamplingParams
 
 
@@ -42,7 +43,7 @@ class EarlyExitDrafter(Drafter):
         tokens: list[int],
         k: int,
         sampling: SamplingParams,
-        generator: torch.Generator | None,
+        sampler: TokenSampler,
         confidence_stop: float | None = None,
     ) -> Draft:
         assert self.cache is not None
@@ -51,7 +52,8 @@ class EarlyExitDrafter(Drafter):
         logits = self._forward(tokens[position:], position)
         next_position = iter(range(len(tokens), len(tokens) + k))
         return draft_autoregressively(
-            logits, lambda t: self._forward([t], next(next_position)), k, sampling, generator, confidence_stop
+            logits, lambda t: self._forward([t], next(next_position)), k, sampling, sampler, len(tokens),
+            confidence_stop,
         )
 
     @property

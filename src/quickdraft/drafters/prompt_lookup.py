@@ -7,6 +7,7 @@ import torch
 
 from quickdraft.drafters.base import Draft, DraftContext, Drafter
 from quickdraft.errors import QuickdraftError
+from quickdraft.randomness import TokenSampler
 from quickdraft.sampling import SamplingParams
 
 
@@ -38,7 +39,7 @@ class PromptLookupDrafter(Drafter):
         tokens: list[int],
         k: int,
         sampling: SamplingParams,
-        generator: torch.Generator | None,
+        sampler: TokenSampler,
         confidence_stop: float | None = None,
     ) -> Draft:
         source = self.find_source(tokens)

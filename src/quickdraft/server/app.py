@@ -518,7 +518,7 @@ def create_app(
         top_k = 0 if body.top_k in (None, -1) else body.top_k
         try:
             sampling = SamplingParams(temperature=float(temperature), top_k=top_k,
-                                      top_p=top_p, seed=body.seed)
+                                      top_p=top_p, seed=body.seed, rule=body.sampling_rule or "auto")
         except QuickdraftError as exc:
             raise _error_from_quickdraft(exc) from exc
         gamma: int | str = DEFAULT_GAMMA if body.gamma is None else body.gamma

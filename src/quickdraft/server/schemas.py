@@ -9,7 +9,12 @@ Defaults follow OpenAI's where they exist: ``temperature`` 1.0, ``top_p`` 1.0, `
 ``temperature: 0`` is greedy decoding, the same as ``quickdraft generate``'s default (as in vLLM,
 temperatures below 1e-5 decode greedily too).
 Extensions (as in vLLM): ``top_k`` (0 or -1 = off) and ``gamma`` (draft length: an integer,
-0 = plain decoding, or "auto", the CLI's default).
+0 = plain decoding, or "auto", the CLI's default), ``sampling_rule`` (quickdraft/randomness.py).
+
+``seed``: a seeded sampled request returns the same tokens every time it is sent, whatever its
+``gamma``, the drafter's schedule and the other requests in flight (the coupled rule: identical to
+seeded plain decoding with the same model flags), as long as the server's model, dtype, device and
+exact mode are the same.
 """
 
 from __future__ import annotations
@@ -63,6 +68,10 @@ class SamplingFields(BaseModel):
     seed: Integer(ge=0, le=MAX_SEED) | None = None
     gamma: Integer(ge=0, le=64) | Literal["auto"] | None = Field(
         None, description="Draft length per step: an integer (0 = plain decoding) or 'auto' (default)."
+    )
+    sampling_rule: Literal["auto", "coupled", "rejection"] | None = Field(
+        None, description="How sampled drafts are verified: 'coupled' (a seed reproduces its text whatever gamma), "
+        "'rejection' (min(1, p/q)), or 'auto' (default: coupled when a seed is given)."
     )
     user: StrictStr | None = None
 
