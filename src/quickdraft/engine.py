@@ -6,7 +6,6 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -18,32 +17,16 @@ from quickdraft.exact import exact_row_bucket
 from quickdraft.model.compiled import CompiledSteps, static_capacity
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.loader import LoadedModel, default_draft_dtype, load_model
+from quickdraft.output import GenerationResult, RequestOutput, StreamEvent
 from quickdraft.randomness import CoupledSampler, MultinomialSampler, TokenSampler, fresh_seed
 from quickdraft.sampling import GREEDY, SamplingParams, probabilities
 from quickdraft.stats import GenerationStats
-from quickdraft.text_stream import TextStream
 from quickdraft.verify import verify_greedy, verify_sampling
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_GAMMA = 8
 CACHE_ROUNDING = 64
-
-
-@dataclass
-class GenerationResult:
-    token_ids: list[int]
-    text: str
-    stats: GenerationStats
-    finish_reason: str  # "stop" (EOS or stop string), "length", or "cancelled"
-    prompt_ids: list[int] = field(default_factory=list)
-
-
-@dataclass
-class StreamEvent:
-    text: str  # the new text since the previous event
-    token_ids: list[int]  # the new tokens since the previous event
-    result: GenerationResult | None = None  # set on the last event
 
 
 class GammaController:
@@ -148,6 +131,7 @@ class Engine:
                 log.warning("no row count up to 64 gives row-invariant kernels on this platform; exact mode is off")
         self.eos_token_ids = frozenset(self.target.eos_token_ids)
         self._prepared_capacities: set[int] = set()
+        self._schedulers: dict[int, object] = {}
 
     @property
     def exact(self) -> bool:
@@ -202,6 +186,48 @@ class Engine:
         assert result is not None
         return result
 
+    def generate_batch(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        max_new_tokens: int = 128,
+        sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+        gamma: int | str = "auto",
+        stop: Sequence[str] = (),
+        max_batch: int | None = None,
+    ) -> list[GenerationResult]:
+        """Generate for several prompts at once through the continuous-batching scheduler
+        (``quickdraft.batch``): one result per prompt, each with its own sampling parameters (one
+        for all, or a list) and statistics. In exact mode each output equals that prompt's own
+        output decoded alone by the same scheduler."""
+        scheduler = self.batch_scheduler(max_batch)
+        if sampling is None or isinstance(sampling, SamplingParams):
+            sampling = [sampling or GREEDY] * len(prompts)
+        if len(sampling) != len(prompts):
+            raise QuickdraftError(f"{len(sampling)} sampling parameters for {len(prompts)} prompts")
+        requests = []
+        try:
+            for prompt, params in zip(prompts, sampling):
+                requests.append(scheduler.submit(prompt, max_new_tokens, params, gamma, stop))
+        except QuickdraftError:
+            for request in requests:
+                scheduler.cancel(request)
+            raise
+        results = {}
+        for request, event in scheduler.run():
+            if event.result is not None:
+                results[id(request)] = event.result
+        return [results[id(r)] for r in requests]
+
+    def batch_scheduler(self, max_batch: int | None = None):  # -> quickdraft.batch.scheduler.BatchScheduler
+        """The engine's continuous-batching scheduler (one per max_batch, built on first use: it
+        preallocates max_batch cache entries and probes batch invariance once)."""
+        from quickdraft.batch.scheduler import DEFAULT_MAX_BATCH, BatchScheduler
+
+        max_batch = max_batch or DEFAULT_MAX_BATCH
+        if max_batch not in self._schedulers:
+            self._schedulers[max_batch] = BatchScheduler(self, max_batch)
+        return self._schedulers[max_batch]
+
     def stream(
         self,
         prompt: str | Sequence[int],
@@ -219,34 +245,19 @@ class Engine:
         self._check_lengths(len(prompt_ids), max_new_tokens)
         drafter = self.drafter if gamma != 0 else None
         controller = GammaController(gamma, self.max_gamma, drafter.relative_cost_hint if drafter else 0.0)
-        text = TextStream(self.decode, stop)
         stats = GenerationStats(prompt_tokens=len(prompt_ids), exact=self.exact, exact_rows=self.exact_rows,
                                 drafter=drafter.name if drafter else None)
-        generated: list[int] = []
-        finish_reason = "length"
+        output = RequestOutput(self.decode, stop, self.eos_token_ids, max_new_tokens, prompt_ids, stats)
         for new_ids in self._decode_loop(prompt_ids, max_new_tokens, sampling, drafter, controller, stats):
-            keep = len(new_ids)
-            for i, token in enumerate(new_ids):
-                if token in self.eos_token_ids:
-                    keep, finish_reason = i + 1, "stop"
-                    break
-            keep = min(keep, max_new_tokens - len(generated))
-            delta, keep = text.add(new_ids[:keep])
-            if text.stopped:
-                finish_reason = "stop"
-            committed = new_ids[:keep]
-            generated.extend(committed)
-            if committed or delta:
-                yield StreamEvent(delta, committed)
-            if finish_reason == "stop" or len(generated) >= max_new_tokens:
+            event = output.add(new_ids)
+            if event is not None:
+                yield event
+            if output.done:
                 break
             if cancelled is not None and cancelled():
-                finish_reason = "cancelled"
+                output.cancel()
                 break
-        stats.generated_tokens = len(generated)
-        tail = text.finish()
-        result = GenerationResult(generated, text.text, stats, finish_reason, prompt_ids)
-        yield StreamEvent(tail, [], result)
+        yield output.finish()
 
     @torch.inference_mode()
     def _decode_loop(

@@ -44,3 +44,28 @@ class KVCache:
 
     def reset(self) -> None:
         self.length = 0
+
+    @property
+    def batch(self) -> int:
+        return self.keys[0].shape[0]
+
+    def first(self, n: int) -> KVCache:
+        """A view of batch entries [0, n) (shares storage; no copy): a batched step over n sequences."""
+        return self._view(slice(0, n))
+
+    def entry(self, b: int) -> KVCache:
+        """A batch-1 view of entry b (shares storage): prefill of one sequence of a batch."""
+        return self._view(slice(b, b + 1))
+
+    def _view(self, entries: slice) -> KVCache:
+        view = KVCache.__new__(KVCache)
+        view.keys = [k[entries] for k in self.keys]
+        view.values = [v[entries] for v in self.values]
+        view.capacity, view.length = self.capacity, 0
+        return view
+
+    def move_entry(self, source: int, destination: int) -> None:
+        """Copy entry ``source``'s keys and values over entry ``destination`` (compaction of a batch)."""
+        for tensors in (self.keys, self.values):
+            for t in tensors:
+                t[destination].copy_(t[source])

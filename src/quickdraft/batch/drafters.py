@@ -1,0 +1,236 @@
+"""Drafters for a batch: one call drafts for every running sequence.
+
+A model drafter (the draft model, early exit) runs one [S, T] forward per draft position for all
+sequences at once; prompt lookup keeps one index per sequence. Drafts only change speed, never
+the output, so these forwards need no invariance: padded rows and idle slots write scratch
+positions at the end of their cache entry, past anything a sequence holds.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from quickdraft.drafters.base import Draft, Drafter
+from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.early_exit import EarlyExitDrafter
+from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
+from quickdraft.batch.shapes import window_bucket
+from quickdraft.errors import QuickdraftError
+from quickdraft.model.kv_cache import KVCache
+from quickdraft.model.transformer import Transformer
+from quickdraft.randomness import TokenSampler
+from quickdraft.sampling import SamplingParams, probabilities
+
+
+@dataclass
+class DraftRequest:
+    """One sequence's part of a batched proposal."""
+
+    slot: int
+    tokens: list[int]  # every committed token, prompt included
+    k: int  # draft length for this sequence (0: none)
+    sampling: SamplingParams
+    sampler: TokenSampler
+
+
+class BatchDrafter(ABC):
+    name: str = "drafter"
+    model_calls_per_token = 1  # forwards per drafted position (0: no model)
+
+    def begin(self, slot: int, prompt_ids: list[int]) -> None:
+        """A sequence was admitted into ``slot``."""
+
+    @abstractmethod
+    def propose(self, requests: list[DraftRequest], n_slots: int) -> list[Draft]:
+        """A draft per request (entries [0, n_slots) of the batch are in use)."""
+
+    def accept(self, slot: int, n_accepted: int) -> None:
+        """The target kept ``n_accepted`` of the slot's last proposal."""
+
+    def move(self, source: int, destination: int) -> None:
+        """The sequence in ``source`` now lives in ``destination`` (compaction)."""
+
+
+def _scratch_positions(capacity: int, rows: int) -> torch.Tensor:
+    return torch.arange(capacity - rows, capacity)
+
+
+class _ModelDrafter(BatchDrafter):
+    """Autoregressive drafting with a [S, T] forward per position: ``_forward(tokens, positions, S)``."""
+
+    def __init__(self, vocab_limit: int, capacity: int) -> None:
+        self.vocab_limit = vocab_limit
+        self.capacity = capacity
+
+    @abstractmethod
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, n_slots: int, window: int) -> torch.Tensor:
+        """[S, T] -> logits [S, T, vocab], attending over cache slots [0, window)."""
+
+    @abstractmethod
+    def _first_rows(self, request: DraftRequest) -> tuple[list[int], int]:
+        """The tokens a sequence feeds first and the position of the first."""
+
+    def propose(self, requests: list[DraftRequest], n_slots: int) -> list[Draft]:
+        active = [r for r in requests if r.k > 0]
+        drafts = {r.slot: Draft([], None) for r in requests}
+        if not active:
+            return [drafts[r.slot] for r in requests]
+        first = {r.slot: self._first_rows(r) for r in active}
+        width = max(len(rows) for rows, _ in first.values())
+        tokens = torch.zeros(n_slots, width, dtype=torch.long)
+        positions = _scratch_positions(self.capacity, width).repeat(n_slots, 1)
+        last_row = {}
+        for r in active:
+            rows, start = first[r.slot]
+            tokens[r.slot, : len(rows)] = torch.tensor(rows)
+            positions[r.slot] = torch.arange(start, start + width)
+            last_row[r.slot] = len(rows) - 1
+        needed = max(start + len(rows) for rows, start in first.values())
+        logits = self._forward(tokens, positions, n_slots, window_bucket(needed, self.capacity))
+        current = {r.slot: logits[r.slot, last_row[r.slot], : self.vocab_limit] for r in active}
+        next_position = {r.slot: len(r.tokens) for r in active}
+        drafted: dict[int, list[int]] = {r.slot: [] for r in active}
+        qs: dict[int, list[torch.Tensor]] = {r.slot: [] for r in active}
+        calls = 1
+        for i in range(max(r.k for r in active)):
+            feeding = []
+            for r in active:
+                if i >= r.k:
+                    continue
+                if r.sampling.greedy:
+                    token = int(current[r.slot].argmax())
+                else:
+                    q = probabilities(current[r.slot], r.sampling)
+                    token = r.sampler.draw(q, len(r.tokens) + i)
+                    qs[r.slot].append(q)
+                drafted[r.slot].append(token)
+                if i < r.k - 1:
+                    feeding.append((r.slot, token))
+            if not feeding:
+                break
+            tokens = torch.zeros(n_slots, 1, dtype=torch.long)
+            positions = _scratch_positions(self.capacity, 1).repeat(n_slots, 1)
+            for slot, token in feeding:
+                tokens[slot, 0] = token
+                positions[slot, 0] = next_position[slot]
+                next_position[slot] += 1
+            needed = max(next_position[slot] for slot, _ in feeding)
+            logits = self._forward(tokens, positions, n_slots, window_bucket(needed, self.capacity))
+            calls += 1
+            for slot, _ in feeding:
+                current[slot] = logits[slot, 0, : self.vocab_limit]
+        self._after_propose(active, drafted)
+        for r in active:
+            drafts[r.slot] = Draft(drafted[r.slot], torch.stack(qs[r.slot]) if qs[r.slot] else None, calls)
+        return [drafts[r.slot] for r in requests]
+
+    def _after_propose(self, active: list[DraftRequest], drafted: dict[int, list[int]]) -> None:
+        """Bookkeeping of what the proposal fed into the drafter's own cache."""
+
+
+class BatchedDraftModel(_ModelDrafter):
+    """A separate small model with its own batched cache."""
+
+    name = "draft-model"
+
+    def __init__(self, drafter: DraftModelDrafter, max_batch: int, capacity: int, vocab_limit: int) -> None:
+        super().__init__(vocab_limit, capacity)
+        self.model: Transformer = drafter.model
+        self.cache: KVCache = self.model.new_cache(capacity, batch=max_batch)
+        self.length = [0] * max_batch  # tokens held in each entry of the draft cache
+        self._base = [0] * max_batch
+        self._fed = [0] * max_batch
+
+    @torch.inference_mode()
+    def begin(self, slot: int, prompt_ids: list[int]) -> None:
+        if len(prompt_ids) > 1:
+            self.model(torch.tensor([prompt_ids[:-1]]), 0, self.cache.entry(slot))
+        self.length[slot] = len(prompt_ids) - 1
+
+    def _first_rows(self, request: DraftRequest) -> tuple[list[int], int]:
+        start = self.length[request.slot]
+        return request.tokens[start:], start
+
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, n_slots: int, window: int) -> torch.Tensor:
+        return self.model.forward_batched(tokens, positions, self.cache.first(n_slots), window=window)
+
+    @torch.inference_mode()
+    def propose(self, requests: list[DraftRequest], n_slots: int) -> list[Draft]:
+        return super().propose(requests, n_slots)
+
+    def _after_propose(self, active: list[DraftRequest], drafted: dict[int, list[int]]) -> None:
+        for r in active:
+            self._base[r.slot] = len(r.tokens)
+            self._fed[r.slot] = max(0, len(drafted[r.slot]) - 1)
+            self.length[r.slot] = len(r.tokens) + self._fed[r.slot]
+
+    def accept(self, slot: int, n_accepted: int) -> None:
+        self.length[slot] = min(self.length[slot], self._base[slot] + min(n_accepted, self._fed[slot]))
+
+    def move(self, source: int, destination: int) -> None:
+        self.cache.move_entry(source, destination)
+        for values in (self.length, self._base, self._fed):
+            values[destination] = values[source]
+
+
+class BatchedEarlyExit(_ModelDrafter):
+    """The target's first L layers and LM head, writing scratch slots of the target's own cache."""
+
+    name = "early-exit"
+
+    def __init__(self, drafter: EarlyExitDrafter, target: Transformer, target_cache: KVCache,
+                 capacity: int, vocab_limit: int) -> None:
+        super().__init__(vocab_limit, capacity)
+        self.exit_layer = drafter.exit_layer
+        self.target, self.cache = target, target_cache
+
+    def _first_rows(self, request: DraftRequest) -> tuple[list[int], int]:
+        return request.tokens[-1:], len(request.tokens) - 1  # the target cache holds all but the last token
+
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, n_slots: int, window: int) -> torch.Tensor:
+        return self.target.forward_batched(tokens, positions, self.cache.first(n_slots), exit_layer=self.exit_layer,
+                                           window=window)
+
+    @torch.inference_mode()
+    def propose(self, requests: list[DraftRequest], n_slots: int) -> list[Draft]:
+        return super().propose(requests, n_slots)
+
+
+class BatchedPromptLookup(BatchDrafter):
+    name = "prompt-lookup"
+    model_calls_per_token = 0
+
+    def __init__(self, drafter: PromptLookupDrafter, max_batch: int) -> None:
+        self.template = drafter
+        self.per_slot: list[PromptLookupDrafter | None] = [None] * max_batch
+
+    def begin(self, slot: int, prompt_ids: list[int]) -> None:
+        self.per_slot[slot] = PromptLookupDrafter(self.template.max_ngram, self.template.min_ngram)
+
+    def propose(self, requests: list[DraftRequest], n_slots: int) -> list[Draft]:
+        out = []
+        for r in requests:
+            lookup = self.per_slot[r.slot]
+            assert lookup is not None
+            out.append(lookup.propose(r.tokens, r.k, r.sampling, r.sampler) if r.k > 0 else Draft([], None))
+        return out
+
+    def move(self, source: int, destination: int) -> None:
+        self.per_slot[destination] = self.per_slot[source]
+
+
+def batch_drafter(drafter: Drafter | None, target: Transformer, target_cache: KVCache, max_batch: int,
+                  capacity: int, vocab_limit: int) -> BatchDrafter | None:
+    if drafter is None:
+        return None
+    if isinstance(drafter, DraftModelDrafter):
+        return BatchedDraftModel(drafter, max_batch, capacity, vocab_limit)
+    if isinstance(drafter, EarlyExitDrafter):
+        return BatchedEarlyExit(drafter, target, target_cache, capacity, vocab_limit)
+    if isinstance(drafter, PromptLookupDrafter):
+        return BatchedPromptLookup(drafter, max_batch)
+    raise QuickdraftError(f"batched decoding supports the draft model, early exit and prompt lookup drafters, "
+                          f"not {type(drafter).__name__}")

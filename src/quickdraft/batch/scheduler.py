@@ -1,0 +1,362 @@
+"""Continuous batching with speculation: up to ``max_batch`` sequences advance together.
+
+One ``step()``:
+1. admit waiting requests into free slots; prefill one chunk of one admitted prompt (prefill is
+   *interleaved*: at most ``prefill_chunk`` prompt tokens per step, so a long prompt delays the
+   running sequences by one chunk's forward per step, never by its whole prefill);
+2. drop cancelled requests;
+3. choose the step's γ (goodput: expected committed tokens per second of the batch, from each
+   sequence's acceptance estimate and the measured cost of the [S, R] verify and of a draft step);
+4. draft for every running sequence in one batched proposal, score all drafts in ONE target
+   forward [S, R], verify and commit per sequence with its own sampling rule, roll back per slot;
+5. emit each sequence's new text; finished sequences leave and free their slot at once.
+
+Slots are compacted: running sequences occupy cache entries [0, n), so a step over S ≥ n entries is
+a view of the cache (no copy); a sequence that leaves from the middle is replaced by the last one
+(its cache entries copied once). The KV cache is preallocated: ``max_batch`` entries of
+``capacity`` positions for the target (and the draft model), stated by ``kv_cache_bytes``.
+
+Exact mode (the engine's ``exact``): a request's greedy output, and a seeded request's sampled
+output, do not depend on what else is in the batch or when it joined. When the platform probe
+(``shapes.shapes_are_batch_invariant``) shows that every [S, R] shape gives a row the same bits,
+steps use the smallest shape that fits; otherwise every step runs the fixed shape
+[max_batch, max_rows]. Outside exact mode the smallest shape is used and no bits are promised.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from quickdraft.batch.drafters import BatchDrafter, DraftRequest, batch_drafter
+from quickdraft.batch.shapes import MIN_WINDOW, all_shapes, row_bucket, shapes_are_batch_invariant, slot_bucket, window_bucket
+from quickdraft.drafters.base import Draft
+from quickdraft.engine import Engine, GammaController
+from quickdraft.errors import QuickdraftError
+from quickdraft.output import RequestOutput, StreamEvent
+from quickdraft.randomness import CoupledSampler, MultinomialSampler, TokenSampler, fresh_seed
+from quickdraft.sampling import GREEDY, SamplingParams, probabilities
+from quickdraft.stats import GenerationStats
+from quickdraft.verify import verify_greedy, verify_sampling
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BATCH = 16
+DEFAULT_PREFILL_CHUNK = 512
+# A sequence whose drafts are rejected this often stops drafting (it still advances one token a
+# step inside the batch); it tries a 1-token draft every RETRY_EVERY steps in case the text changed.
+MIN_ALPHA = 0.15
+MIN_EVIDENCE = 12
+RETRY_EVERY = 16
+COST_DECAY = 0.8
+DRAFT_COST_PRIOR = 0.3  # a draft step's cost relative to a plain target step, until measured
+
+
+@dataclass
+class BatchRequest:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams
+    output: RequestOutput
+    controller: GammaController
+    sampler: TokenSampler
+    cancelled: Callable[[], bool] | None = None
+    tokens: list[int] = field(default_factory=list)
+    slot: int | None = None
+    prefilled: int = 0  # prompt tokens (all but the last) already in the target cache
+    ready: bool = False  # prefill done: the request decodes
+    drafted_total: int = 0
+    steps: int = 0
+    queued_at: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+
+    @property
+    def stats(self) -> GenerationStats:
+        return self.output.stats
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - len(self.output.generated)
+
+    @property
+    def alpha(self) -> float:
+        c = self.controller
+        return c.accepts / (c.accepts + c.rejects)
+
+
+class BatchScheduler:
+    def __init__(self, engine: Engine, max_batch: int = DEFAULT_MAX_BATCH,
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise QuickdraftError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        if prefill_chunk < 1:
+            raise QuickdraftError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        self.engine = engine
+        self.model = engine.model
+        self.max_batch = max_batch
+        self.prefill_chunk = prefill_chunk
+        self.max_rows = row_bucket(engine.max_gamma + 1, 64)
+        self.capacity = int(math.ceil((engine.context_length + self.max_rows) / 64) * 64)
+        self.cache = self.model.new_cache(self.capacity, batch=max_batch)
+        self.drafter: BatchDrafter | None = batch_drafter(engine.drafter, self.model, self.cache, max_batch,
+                                                          self.capacity, engine.vocab_limit)
+        self.fixed_shape: tuple[int, int] | None = None
+        if engine.exact and not shapes_are_batch_invariant(self.model, all_shapes(max_batch, self.max_rows),
+                                                           self.capacity):
+            self.fixed_shape = (max_batch, self.max_rows)
+            log.info("batched exact mode: shapes are not batch-invariant here; every step runs [%d, %d]",
+                     *self.fixed_shape)
+        self.waiting: deque[BatchRequest] = deque()
+        self.active: list[BatchRequest] = []  # active[i].slot == i
+        self._target_cost: dict[tuple[int, int], float] = {}  # (slots, rows) -> seconds
+        self._draft_cost: dict[int, float] = {}
+        self.last_gamma = 0
+        self.last_batch = 0
+
+    # ---- public ---------------------------------------------------------------------------
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Preallocated key/value memory: the target's cache, plus the draft model's."""
+        total = self.cache.nbytes
+        draft_cache = getattr(self.drafter, "cache", None)
+        if draft_cache is not None and draft_cache is not self.cache:
+            total += draft_cache.nbytes
+        return total
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.active
+
+    @property
+    def running(self) -> int:
+        return len(self.active)
+
+    def submit(self, prompt: str | Sequence[int], max_new_tokens: int = 128, sampling: SamplingParams | None = None,
+               gamma: int | str = "auto", stop: Sequence[str] = (),
+               cancelled: Callable[[], bool] | None = None) -> BatchRequest:
+        """Queue a request (validated now: bad input raises here, never inside a step)."""
+        engine = self.engine
+        sampling = sampling or GREEDY
+        prompt_ids = engine.encode(prompt)
+        engine._check_lengths(len(prompt_ids), max_new_tokens)
+        drafter = self.drafter if gamma != 0 else None
+        controller = GammaController(gamma, engine.max_gamma, 0.0)
+        stats = GenerationStats(prompt_tokens=len(prompt_ids), exact=engine.exact, exact_rows=self.max_rows,
+                                drafter=drafter.name if drafter is not None else None)
+        output = RequestOutput(engine.decode, stop, engine.eos_token_ids, max_new_tokens, prompt_ids, stats)
+        seed = sampling.seed if sampling.seed is not None else fresh_seed()
+        sampler: TokenSampler = CoupledSampler(seed) if sampling.coupled else MultinomialSampler(seed)
+        request = BatchRequest(prompt_ids, max_new_tokens, sampling, output, controller, sampler, cancelled,
+                               tokens=list(prompt_ids))
+        if gamma == 0 or self.drafter is None:
+            request.controller = GammaController(0, engine.max_gamma, 0.0)
+        self.waiting.append(request)
+        return request
+
+    def step(self) -> list[tuple[BatchRequest, StreamEvent]]:
+        """One scheduler iteration; returns the events it produced (a finished request's last
+        event carries its result)."""
+        events: list[tuple[BatchRequest, StreamEvent]] = []
+        with torch.inference_mode():
+            self._admit()
+            self._prefill_one_chunk()
+            for request in [r for r in self.active if r.cancelled is not None and r.cancelled()]:
+                request.output.cancel()
+                self._finish(request, events)
+            ready = [r for r in self.active if r.ready]
+            if ready:
+                self._decode(ready, events)
+        return events
+
+    def run(self) -> Iterator[tuple[BatchRequest, StreamEvent]]:
+        while not self.idle:
+            yield from self.step()
+
+    def cancel(self, request: BatchRequest) -> None:
+        """Withdraw a request: a waiting one leaves the queue, a running one at the next step."""
+        if request in self.waiting:
+            self.waiting.remove(request)
+            request.output.cancel()
+        else:
+            previous = request.cancelled
+            request.cancelled = lambda: True if previous is None else True
+
+    # ---- admission and prefill ----------------------------------------------------------------
+    def _admit(self) -> None:
+        while self.waiting and len(self.active) < self.max_batch:
+            request = self.waiting.popleft()
+            request.slot = len(self.active)
+            self.active.append(request)
+
+    def _prefill_one_chunk(self) -> None:
+        request = next((r for r in self.active if not r.ready), None)
+        if request is None:
+            return
+        assert request.slot is not None
+        start = time.perf_counter()
+        body = request.prompt_ids[:-1]  # the last prompt token is fed with the first draft
+        if request.prefilled < len(body):
+            chunk = body[request.prefilled: request.prefilled + self.prefill_chunk]
+            self.model(torch.tensor([chunk]), request.prefilled, self.cache.entry(request.slot))
+            request.prefilled += len(chunk)
+        if request.prefilled >= len(body):
+            if self.drafter is not None:
+                self.drafter.begin(request.slot, request.prompt_ids)
+            request.ready = True
+        request.stats.prefill_seconds += time.perf_counter() - start
+
+    # ---- one decode step ------------------------------------------------------------------------
+    def _shape(self, rows: int, needed: int) -> tuple[int, int, int]:
+        """(slots, rows, attention window) of a target step whose real rows reach position ``needed`` - 1."""
+        if self.fixed_shape is not None:
+            return (*self.fixed_shape, self.capacity)
+        return (slot_bucket(len(self.active), self.max_batch), row_bucket(rows, self.max_rows),
+                window_bucket(needed, self.capacity))
+
+    def _draft_lengths(self, ready: list[BatchRequest]) -> list[int]:
+        """Each sequence's draft length this step: its fixed γ, or the batch's goodput γ."""
+        caps = []
+        for r in ready:
+            cap = max(0, min(self.engine.max_gamma, r.remaining - 1))
+            if r.controller.fixed == 0 and not r.controller.auto:
+                cap = 0
+            elif r.drafted_total >= MIN_EVIDENCE and r.alpha < MIN_ALPHA:
+                cap = min(cap, 1) if r.steps % RETRY_EVERY == 0 else 0
+            caps.append(cap)
+        fixed = [min(r.controller.fixed, c) if not r.controller.auto else None for r, c in zip(ready, caps)]
+        auto = [(r, c) for r, c, f in zip(ready, caps, fixed) if f is None]
+        longest = max(len(r.tokens) for r in ready)
+        gamma = self._goodput_gamma(auto, max((f for f in fixed if f is not None), default=0), longest) if auto else 0
+        self.last_gamma = gamma
+        return [f if f is not None else min(gamma, c) for f, c in zip(fixed, caps)]
+
+    def _goodput_gamma(self, auto: list[tuple[BatchRequest, int]], fixed_max: int, longest: int) -> int:
+        """The γ that maximises the batch's expected committed tokens per second: each sequence
+        commits (1 − α^(γ+1)) / (1 − α) tokens in expectation; the step costs the measured [S, R]
+        target forward plus γ measured draft steps. γ = 0 (plain batched decoding) wins when the
+        batch is large enough that extra rows cost more than they bring."""
+        best, best_rate = 0, -1.0
+        for gamma in range(0, max(c for _, c in auto) + 1):
+            tokens = 0.0
+            for r, cap in auto:
+                g, a = min(gamma, cap), min(r.alpha, 0.999)
+                tokens += (1 - a ** (g + 1)) / (1 - a)
+            shape = self._shape(1 + max(gamma, fixed_max), longest + max(gamma, fixed_max))
+            seconds = self._target_seconds(shape) + gamma * self._draft_seconds(shape[0])
+            if tokens / seconds > best_rate:
+                best, best_rate = gamma, tokens / seconds
+        return best
+
+    def _target_seconds(self, shape: tuple[int, int, int]) -> float:
+        """Seconds of a target step of this shape: measured once per (slots, rows) when first
+        needed (on scratch positions: the end of every entry holds no sequence's data), then
+        followed by the real steps' times. The window changes it less than rows do, and keying
+        by it would measure again every time the longest sequence crosses a power of two."""
+        n_slots, rows, _ = shape
+        key = (n_slots, rows)
+        if key not in self._target_cost:
+            tokens = torch.zeros(n_slots, rows, dtype=torch.long)
+            positions = torch.arange(self.capacity - rows, self.capacity).repeat(n_slots, 1)
+            timings = []
+            for _ in range(2):
+                t0 = time.perf_counter()
+                self.model.forward_batched(tokens, positions, self.cache.first(n_slots), window=MIN_WINDOW)
+                timings.append(time.perf_counter() - t0)
+            self._target_cost[key] = min(timings)
+        return self._target_cost[key]
+
+    def _observe_target(self, shape: tuple[int, int, int], seconds: float) -> None:
+        key = shape[:2]
+        self._target_cost[key] = COST_DECAY * self._target_cost.get(key, seconds) + (1 - COST_DECAY) * seconds
+
+    def _draft_seconds(self, n_slots: int) -> float:
+        if self.drafter is None or self.drafter.model_calls_per_token == 0:
+            return 0.0
+        return self._draft_cost.get(n_slots, DRAFT_COST_PRIOR * self._target_seconds((n_slots, 1, MIN_WINDOW)))
+
+    def _decode(self, ready: list[BatchRequest], events: list[tuple[BatchRequest, StreamEvent]]) -> None:
+        lengths = self._draft_lengths(ready)
+        drafts = [Draft([], None)] * len(ready)
+        drafter_seconds = 0.0
+        drafting = [(r, k) for r, k in zip(ready, lengths) if k > 0]
+        if drafting and self.drafter is not None:
+            t0 = time.perf_counter()
+            n_slots = slot_bucket(len(self.active), self.max_batch)
+            proposed = self.drafter.propose(
+                [DraftRequest(r.slot, r.tokens, k, r.sampling, r.sampler) for r, k in drafting], n_slots)
+            drafter_seconds = time.perf_counter() - t0
+            by_slot = {r.slot: d for (r, _), d in zip(drafting, proposed)}
+            drafts = [by_slot.get(r.slot, Draft([], None)) for r in ready]
+            calls = max(d.forward_calls for d in proposed)
+            if calls:
+                per_call = drafter_seconds / calls
+                old = self._draft_cost.get(n_slots, per_call)
+                self._draft_cost[n_slots] = COST_DECAY * old + (1 - COST_DECAY) * per_call
+        shape = self._shape(1 + max(len(d.tokens) for d in drafts), max(len(r.tokens) + len(d.tokens)
+                                                                        for r, d in zip(ready, drafts)))
+        n_slots, rows, window = shape
+        tokens = torch.zeros(n_slots, rows, dtype=torch.long)
+        positions = torch.arange(self.capacity - rows, self.capacity).repeat(n_slots, 1)
+        for r, d in zip(ready, drafts):
+            start = len(r.tokens) - 1
+            tokens[r.slot, : 1 + len(d.tokens)] = torch.tensor([r.tokens[-1], *d.tokens])
+            positions[r.slot] = torch.arange(start, start + rows)
+        t0 = time.perf_counter()
+        logits = self.model.forward_batched(tokens, positions, self.cache.first(n_slots), window=window)
+        target_seconds = time.perf_counter() - t0
+        self._observe_target(shape, target_seconds)
+        self.last_batch = len(ready)
+        for r, d in zip(ready, drafts):
+            self._commit(r, d, logits[r.slot, : 1 + len(d.tokens), : self.engine.vocab_limit], target_seconds,
+                         drafter_seconds if d.tokens else 0.0, events)
+
+    def _commit(self, r: BatchRequest, draft: Draft, logits: torch.Tensor, target_seconds: float,
+                drafter_seconds: float, events: list[tuple[BatchRequest, StreamEvent]]) -> None:
+        if r.sampling.greedy:
+            n, nxt = verify_greedy(draft.tokens, logits.argmax(-1).tolist())
+        elif r.sampler.coupled:
+            n, nxt = verify_greedy(draft.tokens, r.sampler.draw_rows(probabilities(logits, r.sampling), len(r.tokens)))
+        else:
+            assert isinstance(r.sampler, MultinomialSampler)
+            n, nxt = verify_sampling(draft.tokens, draft.q, probabilities(logits, r.sampling), r.sampler.generator)
+        new = [*draft.tokens[:n], nxt]
+        r.tokens.extend(new)
+        r.sampler.forget_before(len(r.tokens))
+        if draft.tokens and self.drafter is not None:
+            assert r.slot is not None
+            self.drafter.accept(r.slot, n)
+        r.steps += 1
+        r.drafted_total += len(draft.tokens)
+        r.controller.observe(len(draft.tokens), n, None, None)
+        stats = r.stats
+        stats.record_step(len(draft.tokens), n)
+        stats.target_seconds += target_seconds
+        stats.drafter_seconds += drafter_seconds
+        stats.drafter_calls += draft.forward_calls
+        stats.decode_seconds += target_seconds + drafter_seconds
+        event = r.output.add(new)
+        if r.first_token_at is None:
+            r.first_token_at = time.perf_counter()
+        if event is not None:
+            events.append((r, event))
+        if r.output.done:
+            self._finish(r, events)
+
+    def _finish(self, request: BatchRequest, events: list[tuple[BatchRequest, StreamEvent]]) -> None:
+        events.append((request, request.output.finish()))
+        slot = request.slot
+        assert slot is not None and self.active[slot] is request
+        last = self.active.pop()
+        if last is not request:  # compaction: the last sequence moves into the freed slot
+            self.cache.move_entry(last.slot, slot)
+            if self.drafter is not None:
+                self.drafter.move(last.slot, slot)
+            last.slot = slot
+            self.active[slot] = last
+        request.slot = None
