@@ -315,6 +315,8 @@ class BatchScheduler:
         for r, d in zip(ready, drafts):
             self._commit(r, d, logits[r.slot, : 1 + len(d.tokens), : self.engine.vocab_limit], target_seconds,
                          drafter_seconds if d.tokens else 0.0, events)
+        for r in [r for r in ready if r.output.done]:  # after every commit: leaving moves other slots
+            self._finish(r, events)
 
     def _commit(self, r: BatchRequest, draft: Draft, logits: torch.Tensor, target_seconds: float,
                 drafter_seconds: float, events: list[tuple[BatchRequest, StreamEvent]]) -> None:
@@ -345,8 +347,6 @@ class BatchScheduler:
             r.first_token_at = time.perf_counter()
         if event is not None:
             events.append((r, event))
-        if r.output.done:
-            self._finish(r, events)
 
     def _finish(self, request: BatchRequest, events: list[tuple[BatchRequest, StreamEvent]]) -> None:
         events.append((request, request.output.finish()))

@@ -18,12 +18,14 @@ class PromptLookupDrafter(Drafter):
         if not 1 <= min_ngram <= max_ngram:
             raise QuickdraftError(f"prompt lookup needs 1 <= min n-gram ({min_ngram}) <= max n-gram ({max_ngram})")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self._index: dict[int, dict[tuple[int, ...], int]] = {}
+        self._reset()
+
+    def _reset(self) -> None:
+        self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
         self._indexed = 0  # n-grams starting before this position are in the index
 
     def begin(self, prompt_ids: list[int], context: DraftContext) -> None:
-        self._index = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
-        self._indexed = 0
+        self._reset()
 
     def _update_index(self, tokens: list[int]) -> None:
         # An n-gram enters the index once a token follows it, so the context's own suffix is never

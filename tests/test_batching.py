@@ -1,0 +1,167 @@
+"""Continuous batching: each request's output is the one it gets alone, whatever else is in the
+batch and whenever it joined (exact mode); sampling stays exact through the batched path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from quickdraft import Engine, SamplingParams
+from quickdraft.batch.scheduler import BatchScheduler
+from quickdraft.errors import QuickdraftError
+from quickdraft.model.loader import load_model
+from test_sampling_exact import ALPHA, PROMPT, exact_joint, fit_p_values, tiny_vocab_pair
+
+DRAFTERS = ("related", "early-exit:1", "prompt-lookup")
+
+
+def mixed_prompts(n: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(7)
+    prompts = []
+    for i in range(n):
+        length = int(torch.randint(2, 40, (1,), generator=g))
+        base = torch.randint(0, 96, (length,), generator=g).tolist()
+        prompts.append(base * 2 if i % 3 == 0 else base)  # some repeat themselves: prompt lookup drafts there
+    return prompts
+
+
+@pytest.fixture(scope="module", params=["fp32", "bf16"])
+def engines(request, checkpoints) -> dict[str, Engine]:
+    target = load_model(checkpoints["target"], dtype=request.param)
+    related = load_model(checkpoints["related"], dtype=request.param)
+    return {name: Engine(target, related if name == "related" else name) for name in DRAFTERS}
+
+
+def run_staggered(scheduler: BatchScheduler, jobs: list[tuple[list[int], int, SamplingParams]], join_every: int):
+    """Submit one job every ``join_every`` steps (the rest join mid-flight); returns token ids per job."""
+    results: dict[int, list[int]] = {}
+    pending = list(enumerate(jobs))
+    handles = {}
+    step = 0
+    while pending or not scheduler.idle:
+        if pending and step % join_every == 0:
+            index, (prompt, max_new, sampling) = pending.pop(0)
+            handles[id(scheduler.submit(prompt, max_new, sampling, "auto"))] = index
+        for request, event in scheduler.step():
+            if event.result is not None:
+                results[handles[id(request)]] = event.result.token_ids
+        step += 1
+    return [results[i] for i in range(len(jobs))]
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_batched_greedy_output_equals_each_request_decoded_alone(engines, drafter):
+    engine = engines[drafter]
+    prompts = mixed_prompts(18)
+    jobs = [(p, 8 + 5 * (i % 7), SamplingParams()) for i, p in enumerate(prompts)]
+    alone = [engine.generate_batch([p], max_new, max_batch=16)[0].token_ids for p, max_new, _ in jobs]
+    scheduler = engine.batch_scheduler(16)
+    assert scheduler.idle
+    together = run_staggered(scheduler, jobs, join_every=2)
+    assert together == alone
+    plain = [r.token_ids for r in engine.generate_batch([p for p, _, _ in jobs[:6]], 30, gamma=0, max_batch=16)]
+    spec = [r.token_ids for r in engine.generate_batch([p for p, _, _ in jobs[:6]], 30, gamma=4, max_batch=16)]
+    assert spec == plain
+
+
+def test_seeded_sampling_is_the_same_with_and_without_neighbours(engines):
+    engine = engines["related"]
+    prompts = mixed_prompts(10)
+    jobs = [(p, 20, SamplingParams(temperature=0.9, top_p=0.95, seed=100 + i)) for i, p in enumerate(prompts)]
+    alone = [engine.generate_batch([p], n, s, max_batch=16)[0].token_ids for p, n, s in jobs]
+    assert run_staggered(engine.batch_scheduler(16), jobs, join_every=1) == alone
+    # the coupled rule: the same tokens as seeded plain decoding on the same scheduler
+    plain = [engine.generate_batch([p], n, s, gamma=0, max_batch=16)[0].token_ids for p, n, s in jobs]
+    assert plain == alone
+
+
+def test_cancelling_frees_the_slot_for_a_waiting_request(engines):
+    engine = engines["related"]
+    scheduler = BatchScheduler(engine, max_batch=2)
+    stop = {"flag": False}
+    first = scheduler.submit([1, 2, 3], 40, cancelled=lambda: stop["flag"])
+    scheduler.submit([4, 5, 6], 40)
+    waiting = scheduler.submit([7, 8, 9], 5)
+    for _ in range(3):
+        scheduler.step()
+    assert scheduler.running == 2 and waiting in scheduler.waiting
+    stop["flag"] = True
+    events = scheduler.step()
+    finished = {id(r): e.result for r, e in events if e.result is not None}
+    assert finished[id(first)].finish_reason == "cancelled"
+    scheduler.step()
+    assert waiting not in scheduler.waiting and waiting.slot is not None
+    done = [e.result for r, e in scheduler.run() if r is waiting and e.result is not None]
+    assert len(done) == 1 and len(done[0].token_ids) == 5
+
+
+def test_bad_input_is_refused_at_submit_and_nothing_is_queued(engines):
+    engine = engines["related"]
+    scheduler = BatchScheduler(engine, max_batch=4)
+    with pytest.raises(QuickdraftError):
+        scheduler.submit([1, 2, 3], 10_000)
+    with pytest.raises(QuickdraftError):
+        scheduler.submit([], 5)
+    assert scheduler.idle
+    with pytest.raises(QuickdraftError, match="max_batch"):
+        BatchScheduler(engine, max_batch=0)
+    with pytest.raises(QuickdraftError):
+        engine.generate_batch([[1, 2], [999_999]], 4)
+    assert engine.batch_scheduler().idle
+
+
+def test_kv_cache_memory_is_preallocated_and_stated(engines):
+    engine = engines["related"]
+    scheduler = BatchScheduler(engine, max_batch=4)
+    target, draft = engine.model.config, engine.drafter.model.config
+    per_position = 2 * scheduler.cache.keys[0].element_size() * 4 * scheduler.capacity
+    expected = per_position * (target.n_layer * target.n_kv_head * target.head_dim
+                               + draft.n_layer * draft.n_kv_head * draft.head_dim)
+    assert scheduler.kv_cache_bytes == expected
+
+
+@pytest.mark.slow
+def test_batched_sampling_matches_target_distribution_with_mixed_parameters(tmp_path_factory):
+    """One batch holds requests with two different sampling settings and rules; each setting's
+    first three tokens fit the target's distribution (chi-square, as in test_sampling_exact)."""
+    target, draft = tiny_vocab_pair(tmp_path_factory.mktemp("batch_bigram"), layers=0)
+    engine = Engine(target, draft, exact=False)
+    settings = [SamplingParams(1.0, 0, 1.0, rule="coupled"), SamplingParams(0.7, 5, 0.8, rule="rejection")]
+    n = 6000
+    prompts = [PROMPT] * (2 * n)
+    sampling = [SamplingParams(s.temperature, s.top_k, s.top_p, seed=i, rule=s.rule)
+                for i in range(n) for s in settings]
+    results = engine.generate_batch(prompts, 3, sampling, gamma=3, max_batch=64)
+    for k, params in enumerate(settings):
+        samples = np.array([r.token_ids[:3] for r in results[k::2]])
+        p_values = fit_p_values(samples, exact_joint(target, params))
+        assert min(p_values.values()) > ALPHA, (params, p_values)
+
+
+def test_without_batch_invariant_kernels_exact_mode_runs_one_fixed_shape(engines, monkeypatch):
+    import quickdraft.batch.scheduler as scheduler_module
+
+    engine = engines["related"]
+    monkeypatch.setattr(scheduler_module, "shapes_are_batch_invariant", lambda *args: False)
+    scheduler = BatchScheduler(engine, max_batch=4)
+    assert scheduler.fixed_shape == (4, scheduler.max_rows)
+    jobs = [(p, 12, SamplingParams()) for p in mixed_prompts(6)]
+    alone = [engine.generate_batch([p], n, max_batch=16)[0].token_ids for p, n, _ in jobs]
+    assert run_staggered(scheduler, jobs, join_every=1) == alone  # on this platform the shapes agree anyway
+
+
+def test_the_invariance_probe_sees_a_row_that_depends_on_the_batch(engines, monkeypatch):
+    from quickdraft.batch import shapes
+
+    model = engines["related"].model
+    real = model.forward_batched
+
+    def batch_dependent(tokens, positions, cache, **kwargs):
+        return real(tokens, positions, cache, **kwargs) + 1e-3 * tokens.shape[0]
+
+    monkeypatch.setattr(model, "forward_batched", batch_dependent)
+    monkeypatch.setattr(shapes, "_probe_cache", {})
+    assert not shapes.shapes_are_batch_invariant(model, [(1, 1), (2, 1)], 256)
+    monkeypatch.setattr(model, "forward_batched", real)
+    assert shapes.shapes_are_batch_invariant(model, [(1, 1), (2, 1), (4, 5)], 256)
