@@ -17,10 +17,10 @@ a view of the cache (no copy); a sequence that leaves from the middle is replace
 ``capacity`` positions for the target (and the draft model), stated by ``kv_cache_bytes``.
 
 Exact mode (the engine's ``exact``): a request's greedy output, and a seeded request's sampled
-output, do not depend on what else is in the batch or when it joined. When the platform probe
-(``shapes.shapes_are_batch_invariant``) shows that every [S, R] shape gives a row the same bits,
-steps use the smallest shape that fits; otherwise every step runs the fixed shape
-[max_batch, max_rows]. Outside exact mode the smallest shape is used and no bits are promised.
+output, do not depend on what else is in the batch or when it joined. Steps use the cheapest
+[S, R] shape that the platform probe (``shapes.invariant_shapes``) proved to give a row the same
+bits as the largest shape (at worst every step runs [max_batch, max_rows]). Outside exact mode the
+cheapest shape is used and no bits are promised.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from quickdraft.batch.drafters import BatchDrafter, DraftRequest, batch_drafter
-from quickdraft.batch.shapes import MIN_WINDOW, all_shapes, row_bucket, shapes_are_batch_invariant, slot_bucket, window_bucket
+from quickdraft.batch.shapes import MIN_WINDOW, all_shapes, invariant_shapes, row_bucket, slot_bucket, window_bucket
 from quickdraft.drafters.base import Draft
 from quickdraft.engine import Engine, GammaController
 from quickdraft.errors import QuickdraftError
@@ -106,12 +106,12 @@ class BatchScheduler:
         self.cache = self.model.new_cache(self.capacity, batch=max_batch)
         self.drafter: BatchDrafter | None = batch_drafter(engine.drafter, self.model, self.cache, max_batch,
                                                           self.capacity, engine.vocab_limit)
-        self.fixed_shape: tuple[int, int] | None = None
-        if engine.exact and not shapes_are_batch_invariant(self.model, all_shapes(max_batch, self.max_rows),
-                                                           self.capacity):
-            self.fixed_shape = (max_batch, self.max_rows)
-            log.info("batched exact mode: shapes are not batch-invariant here; every step runs [%d, %d]",
-                     *self.fixed_shape)
+        # Exact mode: only the shapes (and windows) the platform probe proved bit-compatible.
+        self.shapes = all_shapes(max_batch, self.max_rows)
+        self.narrow_windows = True
+        if engine.exact:
+            self.shapes, self.narrow_windows = invariant_shapes(self.model, self.shapes, self.capacity)
+            log.info("batched exact mode: shapes %s, narrowed attention windows: %s", self.shapes, self.narrow_windows)
         self.waiting: deque[BatchRequest] = deque()
         self.active: list[BatchRequest] = []  # active[i].slot == i
         self._target_cost: dict[tuple[int, int], float] = {}  # (slots, rows) -> seconds
@@ -213,11 +213,12 @@ class BatchScheduler:
 
     # ---- one decode step ------------------------------------------------------------------------
     def _shape(self, rows: int, needed: int) -> tuple[int, int, int]:
-        """(slots, rows, attention window) of a target step whose real rows reach position ``needed`` - 1."""
-        if self.fixed_shape is not None:
-            return (*self.fixed_shape, self.capacity)
-        return (slot_bucket(len(self.active), self.max_batch), row_bucket(rows, self.max_rows),
-                window_bucket(needed, self.capacity))
+        """(slots, rows, attention window) of a target step over the active slots with ``rows`` rows
+        each, whose real rows reach position ``needed`` - 1: the cheapest allowed shape that fits."""
+        slots = len(self.active)
+        s, r = min((shape for shape in self.shapes if shape[0] >= slots and shape[1] >= rows),
+                   key=lambda shape: (shape[0] * shape[1], shape))
+        return s, r, window_bucket(needed, self.capacity) if self.narrow_windows else self.capacity
 
     def _draft_lengths(self, ready: list[BatchRequest]) -> list[int]:
         """Each sequence's draft length this step: its fixed γ, or the batch's goodput γ."""
