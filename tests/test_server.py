@@ -318,7 +318,7 @@ def test_oversized_body_gets_413(target_dir, engine):
 
 # ---- concurrency: queue, disconnects, timeouts -------------------------------------------------
 def test_client_disconnect_stops_its_generation(slow_engine):
-    with BackgroundServer(create_app(slow_engine, model_name=MODEL)) as srv:
+    with BackgroundServer(create_app(slow_engine, model_name=MODEL, max_batch=1)) as srv:
         body = {"model": MODEL, "prompt": "hello", "max_tokens": 400, "temperature": 0, "stream": True}
         with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=30) as response:
             for line in response.iter_lines():
@@ -338,7 +338,7 @@ def test_client_disconnect_stops_its_generation(slow_engine):
 
 
 def test_full_queue_answers_429_with_retry_after(slow_engine):
-    with BackgroundServer(create_app(slow_engine, model_name=MODEL, max_queue=1)) as srv:
+    with BackgroundServer(create_app(slow_engine, model_name=MODEL, max_queue=1, max_batch=1)) as srv:
         body = {"model": MODEL, "prompt": "hello", "max_tokens": 400, "temperature": 0, "stream": True}
         statuses: list[int] = []
         with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=30) as running:
@@ -361,7 +361,7 @@ def test_full_queue_answers_429_with_retry_after(slow_engine):
 def test_request_timeout_stops_generation_and_queued_requests_get_503(slow_engine):
     slow_engine.step_seconds = 1.5  # the running request outlasts the queued one's deadline by ~1 s
     try:
-        with BackgroundServer(create_app(slow_engine, model_name=MODEL, request_timeout_s=0.6)) as srv:
+        with BackgroundServer(create_app(slow_engine, model_name=MODEL, request_timeout_s=0.6, max_batch=1)) as srv:
             body = {"model": MODEL, "prompt": "hello", "max_tokens": 400, "temperature": 0}
             results: list[httpx.Response] = []
             first = threading.Thread(target=lambda: results.append(httpx.post(srv.url + "/v1/completions", json=body,
@@ -412,7 +412,7 @@ def test_an_engine_failure_mid_stream_ends_the_stream_with_an_error_event(slow_e
     slow_engine_stream = slow_engine.stream
     slow_engine.stream = failing_stream
     try:
-        with BackgroundServer(create_app(slow_engine, model_name=MODEL)) as srv:
+        with BackgroundServer(create_app(slow_engine, model_name=MODEL, max_batch=1)) as srv:
             body = {"model": MODEL, "prompt": "hello", "max_tokens": 50, "temperature": 0, "stream": True}
             with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=30) as response:
                 assert response.status_code == 200
@@ -434,3 +434,37 @@ def test_echo_and_max_completion_tokens(client):
     chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                           max_completion_tokens=3, temperature=0)
     assert chat.usage.completion_tokens <= 3
+
+
+def test_concurrent_greedy_requests_are_batched_and_each_equals_its_output_alone(client, server, engine):
+    prompts = [f"{'ab' * (i % 5 + 1)}c{i}" for i in range(16)]
+    alone = {p: engine.generate_batch([p], 12 + i % 4, max_batch=16)[0].text for i, p in enumerate(prompts)}
+    results: dict[str, str] = {}
+
+    def worker(i: int, prompt: str) -> None:
+        results[prompt] = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12 + i % 4,
+                                                    temperature=0).choices[0].text
+
+    threads = [threading.Thread(target=worker, args=(i, p)) for i, p in enumerate(prompts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert results == alone
+    assert metric(server.url, "running_requests") == 0
+    assert "quickdraft_batch_size" in httpx.get(server.url + "/metrics").text
+
+
+def test_a_client_that_disconnects_frees_its_batch_slot(target_dir):
+    engine = Engine(load_model(target_dir), drafter=None, exact=False)
+    engine.eos_token_ids = frozenset()
+    with BackgroundServer(create_app(engine, model_name=MODEL, max_batch=2)) as srv:
+        with httpx.Client(timeout=30) as http:
+            with http.stream("POST", srv.url + "/v1/completions",
+                             json={"model": MODEL, "prompt": "abc", "max_tokens": 400, "stream": True}) as response:
+                next(response.iter_lines())  # streaming has started: the request holds a slot
+        deadline = time.monotonic() + 20
+        while metric(srv.url, "running_requests") > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert metric(srv.url, "running_requests") == 0
+        assert metric(srv.url, "generations_cancelled_total", reason="disconnect") == 1

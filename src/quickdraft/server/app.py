@@ -55,6 +55,7 @@ from quickdraft.server.schemas import (
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_QUEUE = 64
+DEFAULT_MAX_BATCH = 16  # concurrent sequences per step (continuous batching); 1 = one request at a time
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_GAMMA = "auto"  # the CLI's default (quickdraft generate --gamma auto)
@@ -201,14 +202,14 @@ class RequestQueue:
                 return False
             return True
 
-    def take(self) -> list[GenerationJob] | None:
-        """The next jobs to run (one today; a batching worker would take several); None when closed."""
+    def take(self, limit: int = 1, *, block: bool = True) -> list[GenerationJob] | None:
+        """Up to ``limit`` jobs, waiting for one when ``block`` and none is queued; None when closed."""
         with self._cond:
-            while not self._jobs and not self._closed:
+            while block and not self._jobs and not self._closed:
                 self._cond.wait()
             if self._closed:
                 return None
-            return [self._jobs.popleft()]
+            return [self._jobs.popleft() for _ in range(min(limit, len(self._jobs)))]
 
     def close(self) -> list[GenerationJob]:
         with self._cond:
@@ -220,14 +221,33 @@ class RequestQueue:
 
 
 class EngineWorker:
-    """The one thread that runs the engine."""
+    """The one thread that runs the engine: with ``max_batch`` > 1 it drives the engine's
+    continuous-batching scheduler (jobs join and leave between steps); with 1 it runs one request
+    at a time through the single-sequence loop."""
 
-    def __init__(self, engine: Engine, queue: RequestQueue, metrics: Metrics) -> None:
+    def __init__(self, engine: Engine, queue: RequestQueue, metrics: Metrics, max_batch: int = 1) -> None:
         self.engine, self.queue, self.metrics = engine, queue, metrics
-        self.running = 0
+        self.max_batch = max_batch
+        self.scheduler = engine.batch_scheduler(max_batch) if max_batch > 1 else None
+        self._single_running = 0
         self.current: GenerationJob | None = None
+        self._jobs: dict[int, GenerationJob] = {}  # id(BatchRequest) -> job
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+
+    @property
+    def running(self) -> int:
+        return self.scheduler.running if self.scheduler is not None else self._single_running
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences in the last batched step."""
+        return self.scheduler.last_batch if self.scheduler is not None else self._single_running
+
+    @property
+    def step_gamma(self) -> int:
+        """The γ the last batched step chose for its auto-γ sequences."""
+        return self.scheduler.last_gamma if self.scheduler is not None else 0
 
     def start(self) -> None:
         with self._lock:
@@ -241,13 +261,69 @@ class EngineWorker:
         current = self.current
         if current is not None:
             current.cancel("shutdown")
+        for job in list(self._jobs.values()):
+            job.cancel("shutdown")
         if self._thread is not None:
             self._thread.join(timeout)
 
     def _run(self) -> None:
+        if self.scheduler is not None:
+            self._run_batched(self.scheduler)
+            return
         while (jobs := self.queue.take()) is not None:
             for job in jobs:
                 self._generate(job)
+
+    def _run_batched(self, scheduler) -> None:  # noqa: ANN001 - quickdraft.batch.scheduler.BatchScheduler
+        while True:
+            free = self.max_batch - scheduler.running - len(scheduler.waiting)
+            jobs = self.queue.take(max(free, 0), block=scheduler.idle)
+            if jobs is None:
+                break
+            for job in jobs:
+                self._admit(scheduler, job)
+            if scheduler.idle:
+                continue
+            try:
+                events = scheduler.step()
+            except Exception as exc:  # a bug: fail the batch's requests with 500, keep serving
+                log.exception("batched step failed")
+                for request in [*scheduler.active, *scheduler.waiting]:
+                    scheduler.cancel(request)
+                for job in self._jobs.values():
+                    job.finished = True
+                    job.emit(exc)
+                self._jobs.clear()
+                scheduler.active.clear()
+                scheduler.waiting.clear()
+                continue
+            for request, event in events:
+                job = self._jobs[id(request)]
+                if event.result is not None:
+                    result = event.result
+                    self.metrics.record_generation(result.stats, result.finish_reason)
+                    if result.finish_reason == "cancelled":
+                        self.metrics.inc("generations_cancelled_total", reason=job.cancel_reason or "unknown")
+                    job.finished = True
+                    del self._jobs[id(request)]
+                job.emit(event)
+        for job in self._jobs.values():
+            job.emit(NotRun("shutdown"))
+
+    def _admit(self, scheduler, job: GenerationJob) -> None:  # noqa: ANN001
+        if job.cancelled():
+            self.metrics.inc("generations_cancelled_total", reason=job.cancel_reason or "unknown")
+            job.finished = True
+            job.emit(NotRun(job.cancel_reason or "cancelled"))
+            return
+        try:
+            request = scheduler.submit(job.prompt_ids, job.max_tokens, job.sampling, job.gamma, job.stop,
+                                       cancelled=job.cancelled)
+        except QuickdraftError as exc:
+            job.finished = True
+            job.emit(exc)
+            return
+        self._jobs[id(request)] = job
 
     def _generate(self, job: GenerationJob) -> None:
         if job.cancelled():
@@ -255,7 +331,7 @@ class EngineWorker:
             job.finished = True
             job.emit(NotRun(job.cancel_reason or "cancelled"))
             return
-        self.running += 1
+        self._single_running += 1
         self.current = job
         try:
             for event in self.engine.stream(job.prompt_ids, job.max_tokens, job.sampling, job.gamma, job.stop,
@@ -274,7 +350,7 @@ class EngineWorker:
         finally:
             job.finished = True
             self.current = None
-            self.running -= 1
+            self._single_running -= 1
 
 
 # ---- the app --------------------------------------------------------------------------------
@@ -350,17 +426,23 @@ def create_app(
     max_queue: int = DEFAULT_MAX_QUEUE,
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_batch: int = DEFAULT_MAX_BATCH,
 ) -> FastAPI:
     """The FastAPI app serving ``engine`` as ``model_name``. The worker thread starts with the app
-    (its lifespan) and stops with it."""
+    (its lifespan) and stops with it. ``max_batch`` > 1 batches concurrent requests (continuous
+    batching); 1 serves them one at a time."""
     if request_timeout_s <= 0:
         raise ValueError(f"request_timeout_s must be > 0, got {request_timeout_s}")
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     metrics = Metrics()
     queue = RequestQueue(max_queue)
-    worker = EngineWorker(engine, queue, metrics)
+    worker = EngineWorker(engine, queue, metrics, max_batch)
     state = ServerState(engine, model_name, queue, worker, metrics, request_timeout_s)
     metrics.gauge("queue_depth", lambda: len(queue))
     metrics.gauge("running_requests", lambda: worker.running)
+    metrics.gauge("batch_size", lambda: worker.batch_size)
+    metrics.gauge("step_gamma", lambda: worker.step_gamma)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

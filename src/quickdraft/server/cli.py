@@ -21,6 +21,8 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", help="the model id clients send (default: --target as given, "
                         "or 'quickdraft' for the embedded model)")
+    parser.add_argument("--max-batch", type=_positive_int, default=16,
+                        help="requests decoded together (continuous batching, default 16); 1 = one at a time")
     parser.add_argument("--max-queue", type=_positive_int, default=64,
                         help="requests that may wait for the engine; more get 429 (default 64)")
     parser.add_argument("--request-timeout", type=_positive_float, default=300.0,
@@ -57,10 +59,14 @@ def served_model_name(args: argparse.Namespace) -> str:
     return args.target or "quickdraft"
 
 
-def warm_up(engine) -> None:
-    """One short generation before the first client's: lazy initialisation is not its latency."""
+def warm_up(engine, max_batch: int = 1) -> None:
+    """One short generation before the first client's: lazy initialisation (compiled graphs, the
+    batch scheduler's cache and invariance probe) is not its latency."""
+    gamma = "auto" if engine.drafter is not None else 0
     try:
-        engine.generate([1], 2, gamma="auto" if engine.drafter is not None else 0)
+        engine.generate([1], 2, gamma=gamma)
+        if max_batch > 1:
+            engine.generate_batch([[1], [1, 2]], 2, gamma=gamma, max_batch=max_batch)
     except QuickdraftError as exc:
         log.warning("warm-up generation failed: %s", exc)
 
@@ -75,10 +81,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from quickdraft.cli import build_engine
 
     engine = build_engine(args)
-    warm_up(engine)
+    warm_up(engine, args.max_batch)
     name = served_model_name(args)
     app = create_app(engine, model_name=name, max_queue=args.max_queue, request_timeout_s=args.request_timeout,
-                     max_body_bytes=args.max_body_bytes)
+                     max_body_bytes=args.max_body_bytes, max_batch=args.max_batch)
     drafter = engine.drafter.name if engine.drafter is not None else "none"
     print(f"quickdraft serve: model {name!r} (drafter {drafter}, context {engine.context_length}) on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr)

@@ -30,6 +30,8 @@ HELP = {
     "num_target_calls_total": ("counter", "Target forwards after prefill."),
     "queue_depth": ("gauge", "Requests waiting for the engine."),
     "running_requests": ("gauge", "Requests the engine is generating for."),
+    "batch_size": ("gauge", "Sequences in the last batched step."),
+    "step_gamma": ("gauge", "Draft length the last batched step chose for its auto-γ sequences (0: plain)."),
 }
 
 
