@@ -2,6 +2,7 @@
 
     python -m quickdraft.bench.load                    # 32 clients, 60 s, the embedded pair
     python -m quickdraft.bench.load --clients 8 --duration 10 --json load.json
+    python -m quickdraft.bench.load --sweep 1,4,8,16,32 --duration 20 --out load-sweep   # batched vs plain vs one at a time
 
 The server runs as a subprocess on 127.0.0.1 (so its memory is its own), on the embedded model pair
 when it is installed, else on a small random pair built on the fly (said so in the report). Every
@@ -71,6 +72,7 @@ class LoadReport:
     server_rss_after_warmup_bytes: int | None
     server_rss_end_bytes: int | None
     server_peak_rss_bytes: int | None
+    config: str = "default"
     acceptance_rate: float | None = None  # over the whole run, from the server's counters
     mean_accepted_length: float | None = None  # tokens per target forward
     machine: dict[str, Any] = field(default_factory=dict)
@@ -186,7 +188,7 @@ class ServerProcess:
     """``quickdraft serve`` in a subprocess on a free loopback port."""
 
     def __init__(self, target: str, drafter: str | None, *, max_queue: int, request_timeout_s: float,
-                 startup_timeout_s: float = 180.0) -> None:
+                 startup_timeout_s: float = 180.0, extra_args: tuple[str, ...] = ()) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "quickdraft.cli", "serve", "--target", target, "--host", "127.0.0.1",
@@ -194,6 +196,7 @@ class ServerProcess:
                "--request-timeout", str(request_timeout_s), "--log-level", "warning"]
         if drafter:
             cmd += ["--drafter", drafter]
+        cmd += list(extra_args)
         self.cmd, self.startup_timeout_s = cmd, startup_timeout_s
         self.proc: subprocess.Popen | None = None
 
@@ -305,8 +308,9 @@ async def _drive(requests: list[tuple[str, dict[str, Any]]], clients: int, durat
     return records, len(pending), wall
 
 
-def make_bodies(text: bool, max_tokens: int, vocab_size: int = 512) -> list[dict[str, Any]]:
-    """Streaming requests: text prompts (completions and chat) or token-id prompts."""
+def make_bodies(text: bool, max_tokens: int, vocab_size: int = 512, gamma: int | str | None = None) -> list[dict[str, Any]]:
+    """Streaming requests: text prompts (completions and chat) or token-id prompts; ``gamma``
+    (e.g. 0: plain decoding) is sent with every request when given."""
     if text:
         bodies = []
         for i, prompt in enumerate(TEXT_PROMPTS):
@@ -318,19 +322,27 @@ def make_bodies(text: bool, max_tokens: int, vocab_size: int = 512) -> list[dict
         bodies = [{"prompt": [(7 * i + 3 * j) % (vocab_size - 1) + 1 for j in range(24 + 4 * i)]} for i in range(6)]
     # Half greedy, half sampled (seeded): both verification paths run.
     sampling = [{"temperature": 0}, {"temperature": 0.8, "top_p": 0.95, "seed": 1}]
-    return [{"model": "load", "max_tokens": max_tokens, "stream": True, **sampling[(i // 2) % 2], **b}
+    extra = {} if gamma is None else {"gamma": gamma}
+    return [{"model": "load", "max_tokens": max_tokens, "stream": True, **sampling[(i // 2) % 2], **extra, **b}
             for i, b in enumerate(bodies)]
 
 
 def run_load(clients: int = 32, duration_s: float = 60.0, max_tokens: int = 32, target: str | None = None,
-             drafter: str | None = None, drain_timeout_s: float = 240.0, warmup_requests: int = 2) -> LoadReport:
+             drafter: str | None = None, drain_timeout_s: float = 240.0, warmup_requests: int = 2,
+             max_batch: int | None = None, gamma: int | str | None = None, threads: int | None = None,
+             config: str = "default") -> LoadReport:
     if clients < 1 or duration_s <= 0 or max_tokens < 1:
         raise ValueError("clients, duration and max_tokens must be positive")
+    extra_args: tuple[str, ...] = ()
+    if max_batch is not None:
+        extra_args += ("--max-batch", str(max_batch))
+    if threads is not None:
+        extra_args += ("--threads", str(threads))
     with tempfile.TemporaryDirectory(prefix="quickdraft-load-") as tmp:
         target, drafter, random_model, text = choose_models(target, drafter, Path(tmp))
-        bodies = make_bodies(text, max_tokens)
+        bodies = make_bodies(text, max_tokens, gamma=gamma)
         with ServerProcess(target, drafter, max_queue=max(64, 2 * clients),
-                           request_timeout_s=duration_s + drain_timeout_s) as server:
+                           request_timeout_s=duration_s + drain_timeout_s, extra_args=extra_args) as server:
             endpoint = lambda b: server.url + ("/v1/chat/completions" if "messages" in b else "/v1/completions")  # noqa: E731
             routed = [(endpoint(b), b) for b in bodies]
 
@@ -371,7 +383,7 @@ def run_load(clients: int = 32, duration_s: float = 60.0, max_tokens: int = 32, 
         errors=errors, ttft_p50_s=percentile(ttfts, 50), ttft_p99_s=percentile(ttfts, 99),
         latency_p50_s=percentile(totals, 50), latency_p99_s=percentile(totals, 99), generated_tokens=tokens,
         wall_s=wall, tokens_per_s=tokens / wall if wall > 0 else 0.0, server_rss_after_warmup_bytes=rss_warm,
-        server_rss_end_bytes=rss_end, server_peak_rss_bytes=peak, machine=_machine(),
+        server_rss_end_bytes=rss_end, server_peak_rss_bytes=peak, machine=_machine(), config=config,
         acceptance_rate=(counters.get("num_accepted_tokens_total", 0) / counters["num_draft_tokens_total"]
                          if counters.get("num_draft_tokens_total") else None),
         mean_accepted_length=(counters.get("generation_tokens_total", 0) / counters["num_target_calls_total"]
@@ -394,6 +406,68 @@ def _machine() -> dict[str, Any]:
             "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None}
 
 
+# name -> (server --max-batch, the gamma every request sends: None = the server's default, auto)
+SWEEP_CONFIGS = {
+    "batched speculative": (32, None),
+    "batched plain": (32, 0),
+    "one at a time": (1, None),
+}
+
+
+def run_sweep(levels: list[int], duration_s: float, max_tokens: int, target: str | None, drafter: str | None,
+              threads: int | None, out: Path) -> list[LoadReport]:
+    """Every configuration at every concurrency level (a fresh server per point), then a table
+    with ratios and a plot of aggregate tokens/s."""
+    reports = []
+    for clients in levels:
+        for name, (max_batch, gamma) in SWEEP_CONFIGS.items():
+            print(f"sweep: {name}, {clients} clients", file=sys.stderr, flush=True)
+            reports.append(run_load(clients, duration_s, max_tokens, target, drafter, max_batch=max_batch,
+                                    gamma=gamma, threads=threads, config=name))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "load_sweep.json").write_text(json.dumps([asdict(r) for r in reports], indent=2))
+    (out / "load_sweep.md").write_text("\n".join(sweep_table(reports)) + "\n")
+    _plot_sweep(reports, out / "load_sweep.png")
+    return reports
+
+
+def sweep_table(reports: list[LoadReport]) -> list[str]:
+    by = {(r.config, r.clients): r for r in reports}
+    lines = ["| clients | configuration | tokens/s | per request tokens/s | TTFT p50 | TTFT p99 | failed | "
+             "vs one at a time | speculative vs plain |", "|---|---|---|---|---|---|---|---|---|"]
+    for (config, clients), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        base = by.get(("one at a time", clients))
+        plain = by.get(("batched plain", clients))
+        per_request = r.max_tokens / r.latency_p50_s if r.latency_p50_s else None
+        lines.append(
+            f"| {clients} | {config} | {r.tokens_per_s:.1f} | {per_request:.1f} | {r.ttft_p50_s or 0:.2f} s | "
+            f"{r.ttft_p99_s or 0:.2f} s | {r.failed} | "
+            f"{r.tokens_per_s / base.tokens_per_s:.2f}× | "
+            f"{(r.tokens_per_s / plain.tokens_per_s if config == 'batched speculative' and plain else 0):.2f}× |"
+            if base and base.tokens_per_s else f"| {clients} | {config} | {r.tokens_per_s:.1f} | | | | {r.failed} | | |")
+    return lines
+
+
+def _plot_sweep(reports: list[LoadReport], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for config in SWEEP_CONFIGS:
+        points = sorted((r.clients, r.tokens_per_s) for r in reports if r.config == config)
+        ax.plot([c for c, _ in points], [t for _, t in points], marker="o", label=config)
+    ax.set_xlabel("concurrent streaming clients")
+    ax.set_ylabel("aggregate tokens/s")
+    ax.set_xscale("log", base=2)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m quickdraft.bench.load", description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, default=32)
@@ -404,8 +478,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain-timeout", type=float, default=240.0,
                         help="seconds the requests running at the end may take to finish")
     parser.add_argument("--json", help="also write the report as JSON to this path")
+    parser.add_argument("--max-batch", type=int, help="the server's --max-batch (default: its own, 16)")
+    parser.add_argument("--gamma", help="gamma sent with every request (0 = plain decoding; default: the server's)")
+    parser.add_argument("--threads", type=int, help="the server's torch threads")
+    parser.add_argument("--sweep", help="concurrency levels, e.g. 1,4,8,16,32: every configuration at each")
+    parser.add_argument("--out", type=Path, default=Path("load-sweep"), help="the sweep's output directory")
     args = parser.parse_args(argv)
-    report = run_load(args.clients, args.duration, args.max_tokens, args.target, args.drafter, args.drain_timeout)
+    if args.sweep:
+        reports = run_sweep([int(c) for c in args.sweep.split(",")], args.duration, args.max_tokens, args.target,
+                            args.drafter, args.threads, args.out)
+        print("\n".join(sweep_table(reports)))
+        return 0 if all(r.failed == 0 and r.unfinished == 0 for r in reports) else 1
+    gamma = None if args.gamma is None else (args.gamma if args.gamma == "auto" else int(args.gamma))
+    report = run_load(args.clients, args.duration, args.max_tokens, args.target, args.drafter, args.drain_timeout,
+                      max_batch=args.max_batch, gamma=gamma, threads=args.threads)
     for line in report.lines():
         print(line)
     if args.json:
