@@ -96,6 +96,13 @@ def test_gamma_0_decodes_plainly_with_a_draft_given(text_models, capsys):
     assert out["stats"]["drafted"] == 0 and out["stats"]["target_calls"] == 12
 
 
+def test_no_draft_decodes_plainly(text_models, capsys):
+    target, _ = text_models
+    out = run_json(capsys, "generate", "--target", str(target), "--no-draft", "--prompt", "x = ",
+                   "--max-new-tokens", "6", "--json")
+    assert out["stats"]["drafter"] is None and out["stats"]["drafted"] == 0
+
+
 def test_a_seed_gives_the_same_text_whatever_gamma(text_models, capsys):
     target, draft = text_models
     common = ["generate", "--target", str(target), "--draft", str(draft), "--prompt", "def f(x):",

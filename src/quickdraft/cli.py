@@ -40,6 +40,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--draft", help="draft model directory or hub repo id (same vocabulary as the target)")
     group.add_argument("--drafter", help="early-exit[:L] | prompt-lookup[:n] | a draft model path")
+    group.add_argument("--no-draft", action="store_true",
+                       help="no drafter: plain decoding (the baseline speculation is measured against)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
                         help="the target's dtype; auto (default): bf16 on hardware with bf16 dot products "
                         "(AVX512-BF16/AMX CPUs, recent GPUs), else fp32")
@@ -71,6 +73,8 @@ def resolve_target_and_drafter(args: argparse.Namespace) -> tuple[str, str | Non
 
     drafter = args.draft or args.drafter
     target = args.target or default_target_path()
+    if args.__dict__.get("no_draft"):
+        return target, None
     if drafter is None and args.__dict__.get("default_draft", True):
         drafter = embedded_draft_for(target)
     return target, drafter

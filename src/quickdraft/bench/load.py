@@ -414,16 +414,59 @@ SWEEP_CONFIGS = {
 }
 
 
+HF_BATCHED = "hf batched generate"
+
+
+def hf_batched_report(clients: int, max_tokens: int, target: str | None, threads: int | None) -> LoadReport | None:
+    """transformers' ``generate()`` on one static padded batch of ``clients`` prompts, in this
+    process (no server: the upper bound of a static batch, no queueing, no streaming), greedy, in
+    the dtype quickdraft serve picks. None without transformers or a tokenizer."""
+    import torch
+
+    try:
+        from quickdraft.bench.peers import hf_batched_generate_seconds, load_hf_model
+    except ImportError:
+        return None
+    from quickdraft.model.loader import dtype_name, load_model, parse_dtype
+
+    with tempfile.TemporaryDirectory(prefix="quickdraft-load-") as tmp:
+        target, _, random_model, text = choose_models(target, None, Path(tmp))
+        ours = load_model(target)
+        if ours.tokenizer is None:
+            return None
+        prompts = [ours.tokenizer.encode(TEXT_PROMPTS[i % len(TEXT_PROMPTS)]) for i in range(clients)]
+        previous = torch.get_num_threads()
+        if threads:
+            torch.set_num_threads(threads)
+        try:
+            model = load_hf_model(Path(target), dtype_name(parse_dtype("auto", "cpu")))
+            hf_batched_generate_seconds(model, prompts, 4)  # warm-up
+            seconds = min(hf_batched_generate_seconds(model, prompts, max_tokens) for _ in range(2))
+        finally:
+            torch.set_num_threads(previous)
+    per_request = max_tokens / seconds
+    return LoadReport(
+        model=target, random_model=random_model, drafter=None, clients=clients, duration_s=seconds,
+        max_tokens=max_tokens, requests=clients, failed=0, unfinished=0, errors={}, ttft_p50_s=None,
+        ttft_p99_s=None, latency_p50_s=seconds, latency_p99_s=seconds, generated_tokens=clients * max_tokens,
+        wall_s=seconds, tokens_per_s=clients * per_request, server_rss_after_warmup_bytes=None,
+        server_rss_end_bytes=None, server_peak_rss_bytes=None, machine=_machine(), config=HF_BATCHED)
+
+
 def run_sweep(levels: list[int], duration_s: float, max_tokens: int, target: str | None, drafter: str | None,
               threads: int | None, out: Path) -> list[LoadReport]:
-    """Every configuration at every concurrency level (a fresh server per point), then a table
-    with ratios and a plot of aggregate tokens/s."""
+    """Every configuration at every concurrency level (a fresh server per point), transformers'
+    static batched generate() beside them, then a table with ratios and a plot of aggregate tokens/s."""
     reports = []
     for clients in levels:
         for name, (max_batch, gamma) in SWEEP_CONFIGS.items():
             print(f"sweep: {name}, {clients} clients", file=sys.stderr, flush=True)
             reports.append(run_load(clients, duration_s, max_tokens, target, drafter, max_batch=max_batch,
                                     gamma=gamma, threads=threads, config=name))
+        print(f"sweep: {HF_BATCHED}, batch {clients}", file=sys.stderr, flush=True)
+        hf = hf_batched_report(clients, max_tokens, target, threads)
+        if hf is not None:
+            reports.append(hf)
     out.mkdir(parents=True, exist_ok=True)
     (out / "load_sweep.json").write_text(json.dumps([asdict(r) for r in reports], indent=2))
     (out / "load_sweep.md").write_text("\n".join(sweep_table(reports)) + "\n")
@@ -438,10 +481,11 @@ def sweep_table(reports: list[LoadReport]) -> list[str]:
     for (config, clients), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         base = by.get(("one at a time", clients))
         plain = by.get(("batched plain", clients))
-        per_request = r.max_tokens / r.latency_p50_s if r.latency_p50_s else None
+        per_request = r.max_tokens / r.latency_p50_s if r.latency_p50_s else 0.0
+        ttft = lambda v: "–" if v is None else f"{v:.2f} s"  # noqa: E731
         lines.append(
-            f"| {clients} | {config} | {r.tokens_per_s:.1f} | {per_request:.1f} | {r.ttft_p50_s or 0:.2f} s | "
-            f"{r.ttft_p99_s or 0:.2f} s | {r.failed} | "
+            f"| {clients} | {config} | {r.tokens_per_s:.1f} | {per_request:.1f} | {ttft(r.ttft_p50_s)} | "
+            f"{ttft(r.ttft_p99_s)} | {r.failed} | "
             f"{r.tokens_per_s / base.tokens_per_s:.2f}× | "
             f"{(r.tokens_per_s / plain.tokens_per_s if config == 'batched speculative' and plain else 0):.2f}× |"
             if base and base.tokens_per_s else f"| {clients} | {config} | {r.tokens_per_s:.1f} | | | | {r.failed} | | |")
@@ -455,7 +499,7 @@ def _plot_sweep(reports: list[LoadReport], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for config in SWEEP_CONFIGS:
+    for config in [*SWEEP_CONFIGS, HF_BATCHED]:
         points = sorted((r.clients, r.tokens_per_s) for r in reports if r.config == config)
         ax.plot([c for c, _ in points], [t for _, t in points], marker="o", label=config)
     ax.set_xlabel("concurrent streaming clients")

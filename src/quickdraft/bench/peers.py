@@ -72,3 +72,26 @@ class HFPeer:
             return out[0, len(ids):].tolist(), None
 
         return run
+
+
+def hf_batched_generate_seconds(model: Any, prompts: list[list[int]], max_new: int) -> float:
+    """Seconds for transformers' ``generate()`` over one static, left-padded batch of ``prompts``
+    (greedy, EOS ignored): the batched peer of the load sweep."""
+    import time
+
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+    config = copy.deepcopy(model.generation_config)
+    config.update(max_new_tokens=max_new, min_new_tokens=max_new, pad_token_id=0, eos_token_id=None,
+                  do_sample=False, temperature=None, top_k=None, top_p=None)
+    start = time.perf_counter()
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.generate(input_ids, attention_mask=mask, generation_config=config)
+    return time.perf_counter() - start
+
+
+def load_hf_model(path: Path, dtype: str | torch.dtype = "fp32", device: str = "cpu") -> Any:
+    transformers.logging.set_verbosity_error()
+    return _load(path, parse_dtype(dtype, device), device)
