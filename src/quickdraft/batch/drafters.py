@@ -8,7 +8,6 @@ positions at the end of their cache entry, past anything a sequence holds.
 
 from __future__ import annotations
 
-import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -24,8 +23,6 @@ from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.transformer import Transformer
 from quickdraft.randomness import TokenSampler
 from quickdraft.sampling import SamplingParams, probabilities
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -135,19 +132,13 @@ class _ModelDrafter(BatchDrafter):
 
 
 class BatchedDraftModel(_ModelDrafter):
-    """A separate small model with its own batched cache.
-
-    With ``compile`` (the engine's draft was compiled), the [S, 1] and [S, 2] steps run through
-    torch.compile, one graph per slot bucket, attending over the whole cache (a small draft's
-    attention is cheap; a fixed window keeps the graph count at 2 per bucket). They are built by
-    ``prepare`` before the first request; any compile failure falls back to eager with a warning
-    (drafts change speed only)."""
+    """A separate small model with its own batched cache, run eagerly. (Compiling its [S, 1] and
+    [S, 2] steps, one graph per slot bucket, was measured: 54 s of compilation for 16 slots, then
+    379 vs 359 tokens/s at 1 sequence and no gain at 4 or 16, so it is not done.)"""
 
     name = "draft-model"
-    COMPILED_ROWS = (1, 2)
 
-    def __init__(self, drafter: DraftModelDrafter, max_batch: int, capacity: int, vocab_limit: int,
-                 slot_buckets: tuple[int, ...] = ()) -> None:
+    def __init__(self, drafter: DraftModelDrafter, max_batch: int, capacity: int, vocab_limit: int) -> None:
         super().__init__(vocab_limit, capacity)
         self.model: Transformer = drafter.model
         self.model.prepare_static(capacity)  # RoPE table, and the transposed LM head of a small draft
@@ -155,17 +146,6 @@ class BatchedDraftModel(_ModelDrafter):
         self.length = [0] * max_batch  # tokens held in each entry of the draft cache
         self._base = [0] * max_batch
         self._fed = [0] * max_batch
-        self._compiled = (torch.compile(self.model.forward_batched, dynamic=False, fullgraph=True)
-                          if drafter.steps.enabled else None)
-        if self._compiled is not None:
-            self._prepare(slot_buckets or (1,))
-
-    @torch.inference_mode()
-    def _prepare(self, slot_buckets: tuple[int, ...]) -> None:
-        for n_slots in slot_buckets:
-            for rows in self.COMPILED_ROWS:
-                tokens = torch.zeros(n_slots, rows, dtype=torch.long)
-                self._forward(tokens, _scratch_positions(self.capacity, rows).repeat(n_slots, 1), n_slots, 0)
 
     @torch.inference_mode()
     def begin(self, slot: int, prompt_ids: list[int]) -> None:
@@ -178,14 +158,7 @@ class BatchedDraftModel(_ModelDrafter):
         return request.tokens[start:], start
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, n_slots: int, window: int) -> torch.Tensor:
-        if self._compiled is not None and tokens.shape[1] in self.COMPILED_ROWS:
-            try:
-                return self._compiled(tokens, positions, self.cache.first(n_slots))
-            except Exception as exc:  # noqa: BLE001 - any compile failure: eager is always correct
-                log.warning("compiling batched draft steps failed (%s: %s); drafting eagerly", type(exc).__name__,
-                            str(exc).splitlines()[0] if str(exc) else "")
-                self._compiled = None
-        return self.model.forward_batched(tokens, positions, self.cache.first(n_slots), window=window or None)
+        return self.model.forward_batched(tokens, positions, self.cache.first(n_slots), window=window)
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest], n_slots: int) -> list[Draft]:
@@ -253,11 +226,11 @@ class BatchedPromptLookup(BatchDrafter):
 
 
 def batch_drafter(drafter: Drafter | None, target: Transformer, target_cache: KVCache, max_batch: int,
-                  capacity: int, vocab_limit: int, slot_buckets: tuple[int, ...] = ()) -> BatchDrafter | None:
+                  capacity: int, vocab_limit: int) -> BatchDrafter | None:
     if drafter is None:
         return None
     if isinstance(drafter, DraftModelDrafter):
-        return BatchedDraftModel(drafter, max_batch, capacity, vocab_limit, slot_buckets)
+        return BatchedDraftModel(drafter, max_batch, capacity, vocab_limit)
     if isinstance(drafter, EarlyExitDrafter):
         return BatchedEarlyExit(drafter, target, target_cache, capacity, vocab_limit)
     if isinstance(drafter, PromptLookupDrafter):

@@ -104,9 +104,8 @@ class BatchScheduler:
         self.max_rows = row_bucket(engine.max_gamma + 1, 64)
         self.capacity = int(math.ceil((engine.context_length + self.max_rows) / 64) * 64)
         self.cache = self.model.new_cache(self.capacity, batch=max_batch)
-        slot_buckets = tuple(sorted({slot_bucket(n, max_batch) for n in range(1, max_batch + 1)}))
         self.drafter: BatchDrafter | None = batch_drafter(engine.drafter, self.model, self.cache, max_batch,
-                                                          self.capacity, engine.vocab_limit, slot_buckets)
+                                                          self.capacity, engine.vocab_limit)
         # Exact mode: only the shapes (and windows) the platform probe proved bit-compatible.
         self.shapes = all_shapes(max_batch, self.max_rows)
         self.narrow_windows = True
