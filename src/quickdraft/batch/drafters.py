@@ -141,7 +141,6 @@ class BatchedDraftModel(_ModelDrafter):
     def __init__(self, drafter: DraftModelDrafter, max_batch: int, capacity: int, vocab_limit: int) -> None:
         super().__init__(vocab_limit, capacity)
         self.model: Transformer = drafter.model
-        self.model.prepare_static(capacity)  # RoPE table, and the transposed LM head of a small draft
         self.cache: KVCache = self.model.new_cache(capacity, batch=max_batch)
         self.length = [0] * max_batch  # tokens held in each entry of the draft cache
         self._base = [0] * max_batch

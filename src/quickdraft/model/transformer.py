@@ -353,4 +353,6 @@ class Transformer(nn.Module):
             cos, sin = self._rope(positions, cache.capacity)  # [B, T, head_dim]
             rope = (cos[:, None], sin[:, None])  # broadcast over heads
         n_layers = self.config.n_layer if exit_layer is None else exit_layer
-        return self._static_head(self._run_layers(x, rope, cache, positions, cache.capacity, mask, n_layers))
+        # linear, not prepare_static's transposed copy: at 4-16 rows it is the faster of the two here
+        # (embedded draft head, fp32: 200 vs 238 µs at 4 rows; bf16: 114 vs 170 µs).
+        return self.lm_head(self.norm(self._run_layers(x, rope, cache, positions, cache.capacity, mask, n_layers)))
