@@ -321,9 +321,6 @@ class Transformer(nn.Module):
         else:
             rope = self._rope(positions, cache.capacity)  # prepare_static built the table: no rebuild when traced
         x = self._run_layers(x, rope, cache, positions, cache.capacity, mask, self.config.n_layer)
-        return self._static_head(x)
-
-    def _static_head(self, x: torch.Tensor) -> torch.Tensor:
         if self._lm_head_t is None:  # a large LM head is not worth a second copy
             return self.lm_head(self.norm(x))
         return self.norm(x) @ self._lm_head_t
