@@ -62,8 +62,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 def add_threads_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: $QUICKDRAFT_THREADS, else torch's default; "
-                        "1 is fastest on a machine shared with other work)")
+                        help="torch CPU threads (default: $QUICKDRAFT_THREADS, else the cores not busy with "
+                        "other processes at start-up, at most torch's default)")
 
 
 def resolve_target_and_drafter(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -80,16 +80,21 @@ def resolve_target_and_drafter(args: argparse.Namespace) -> tuple[str, str | Non
     return target, drafter
 
 
-def apply_threads(args: argparse.Namespace) -> None:
+def apply_threads(args: argparse.Namespace | None = None) -> None:
+    """--threads, else $QUICKDRAFT_THREADS, else the cores free at start-up (quickdraft/threads.py)."""
     import os
 
     import torch
+
+    from quickdraft.threads import default_threads
 
     threads = getattr(args, "threads", None) or os.environ.get("QUICKDRAFT_THREADS")
     if threads:
         if int(threads) < 1:
             raise QuickdraftError(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(int(threads))
+    else:
+        torch.set_num_threads(default_threads(torch.get_num_threads()))
 
 
 def build_engine(args: argparse.Namespace):

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from quickdraft.assets import default_draft_path, default_target_path, embedded_pair_available
+from quickdraft.cli import apply_threads
 from quickdraft.engine import Engine
 from quickdraft.model.loader import dtype_name
 
@@ -37,15 +38,6 @@ def _random_pair(workdir: Path) -> tuple[str, str]:
     return paths[0], paths[1]
 
 
-def apply_threads_from_environment() -> None:
-    import os
-
-    import torch
-
-    if os.environ.get("QUICKDRAFT_THREADS"):
-        torch.set_num_threads(int(os.environ["QUICKDRAFT_THREADS"]))
-
-
 def run_demo() -> int:
     if embedded_pair_available():
         target, draft = default_target_path(), default_draft_path()
@@ -57,7 +49,7 @@ def run_demo() -> int:
         prompt = list(range(1, 33))
         print("quickdraft demo: the embedded model pair is not installed, so this runs on a small RANDOM "
               "model pair built on the fly (token ids, no text).\n", file=sys.stderr)
-    apply_threads_from_environment()
+    apply_threads()  # $QUICKDRAFT_THREADS, else the cores free at start-up
     # dtype auto: bf16 on CPUs with bf16 dot products, where a verifying forward costs about one
     # plain step and plain decoding is no slower than fp32. The draft runs in fp32, compiled.
     # Exact mode keeps the output bit-identical to plain greedy decoding of the same engine; the
