@@ -67,3 +67,16 @@ def test_token_the_target_cannot_produce_is_always_rejected():
     for _ in range(200):
         n, nxt = verify_sampling([0], q, p, g)
         assert n == 0 and nxt in (1, 2)
+
+
+def test_grouped_probabilities_equal_each_sequence_alone_bit_for_bit():
+    from quickdraft.sampling import SamplingParams, grouped_probabilities, probabilities
+
+    g = torch.Generator().manual_seed(9)
+    logits = [torch.randn(5, 300, generator=g), torch.randn(300, generator=g), torch.randn(2, 300, generator=g),
+              torch.randn(300, generator=g).bfloat16().float()]
+    params = [SamplingParams(0.8, 0, 1.0), SamplingParams(0.8, 0, 1.0, seed=3), SamplingParams(1.3, 20, 0.9),
+              SamplingParams(0.8, 0, 1.0, rule="rejection")]
+    for x, p, q in zip(logits, params, grouped_probabilities(logits, params)):
+        assert q.shape == x.shape
+        assert torch.equal(q, probabilities(x, p))

@@ -83,6 +83,22 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return probs
 
 
+def grouped_probabilities(logits: list[torch.Tensor], params: list[SamplingParams]) -> list[torch.Tensor]:
+    """``probabilities`` of many sequences at once: logits[i] ([vocab] or [rows, vocab]) under
+    params[i]. Sequences with the same temperature, top-k and top-p share one call (every step of a
+    batch has many); each row is computed by the same row-wise operations as alone."""
+    out: list[torch.Tensor | None] = [None] * len(logits)
+    groups: dict[tuple[float, int, float], list[int]] = {}
+    for i, p in enumerate(params):
+        groups.setdefault((p.temperature, p.top_k, p.top_p), []).append(i)
+    for members in groups.values():
+        rows = [logits[i].reshape(-1, logits[i].shape[-1]) for i in members]
+        probs = probabilities(torch.cat(rows), params[members[0]]).split([r.shape[0] for r in rows])
+        for i, q in zip(members, probs):
+            out[i] = q.reshape(logits[i].shape)
+    return out  # type: ignore[return-value]
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """One token from a probability vector [vocab]."""
     return int(torch.multinomial(probs, 1, generator=generator))

@@ -22,7 +22,7 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.transformer import Transformer
 from quickdraft.randomness import TokenSampler
-from quickdraft.sampling import SamplingParams, probabilities
+from quickdraft.sampling import SamplingParams, grouped_probabilities
 
 
 @dataclass
@@ -97,15 +97,19 @@ class _ModelDrafter(BatchDrafter):
         calls = 1
         for i in range(max(r.k for r in active)):
             feeding = []
-            for r in active:
-                if i >= r.k:
-                    continue
+            drawing = [r for r in active if i < r.k]
+            sampled = [r for r in drawing if not r.sampling.greedy]
+            q_of = dict(zip((r.slot for r in sampled),
+                            grouped_probabilities([current[r.slot] for r in sampled], [r.sampling for r in sampled])))
+            greedy = [r for r in drawing if r.sampling.greedy]
+            argmax = dict(zip((r.slot for r in greedy),
+                              torch.stack([current[r.slot] for r in greedy]).argmax(-1).tolist() if greedy else []))
+            for r in drawing:
                 if r.sampling.greedy:
-                    token = int(current[r.slot].argmax())
+                    token = argmax[r.slot]
                 else:
-                    q = probabilities(current[r.slot], r.sampling)
-                    token = r.sampler.draw(q, len(r.tokens) + i)
-                    qs[r.slot].append(q)
+                    token = r.sampler.draw(q_of[r.slot], len(r.tokens) + i)
+                    qs[r.slot].append(q_of[r.slot])
                 drafted[r.slot].append(token)
                 if i < r.k - 1:
                     feeding.append((r.slot, token))

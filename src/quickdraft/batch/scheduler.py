@@ -41,7 +41,7 @@ from quickdraft.engine import Engine, GammaController
 from quickdraft.errors import QuickdraftError
 from quickdraft.output import RequestOutput, StreamEvent
 from quickdraft.randomness import CoupledSampler, MultinomialSampler, TokenSampler, fresh_seed
-from quickdraft.sampling import GREEDY, SamplingParams, probabilities
+from quickdraft.sampling import GREEDY, SamplingParams, grouped_probabilities
 from quickdraft.stats import GenerationStats
 from quickdraft.verify import verify_greedy, verify_sampling
 
@@ -313,21 +313,27 @@ class BatchScheduler:
         target_seconds = time.perf_counter() - t0
         self._observe_target(shape, target_seconds)
         self.last_batch = len(ready)
-        for r, d in zip(ready, drafts):
-            self._commit(r, d, logits[r.slot, : 1 + len(d.tokens), : self.engine.vocab_limit], target_seconds,
-                         drafter_seconds if d.tokens else 0.0, events)
+        rows = [logits[r.slot, : 1 + len(d.tokens), : self.engine.vocab_limit] for r, d in zip(ready, drafts)]
+        sampled = [i for i, r in enumerate(ready) if not r.sampling.greedy]
+        probs = dict(zip(sampled, grouped_probabilities([rows[i] for i in sampled], [ready[i].sampling for i in sampled])))
+        for i, (r, d) in enumerate(zip(ready, drafts)):
+            self._commit(r, d, rows[i], probs.get(i), target_seconds, drafter_seconds if d.tokens else 0.0, events)
         for r in [r for r in ready if r.output.done]:  # after every commit: leaving moves other slots
             self._finish(r, events)
 
-    def _commit(self, r: BatchRequest, draft: Draft, logits: torch.Tensor, target_seconds: float,
-                drafter_seconds: float, events: list[tuple[BatchRequest, StreamEvent]]) -> None:
+    def _commit(self, r: BatchRequest, draft: Draft, logits: torch.Tensor, p: torch.Tensor | None,
+                target_seconds: float, drafter_seconds: float,
+                events: list[tuple[BatchRequest, StreamEvent]]) -> None:
+        """Verify one sequence's draft against its rows: ``logits`` [1 + γ, vocab], and for a
+        sampled request ``p``, their probabilities under its parameters."""
         if r.sampling.greedy:
             n, nxt = verify_greedy(draft.tokens, logits.argmax(-1).tolist())
         elif r.sampler.coupled:
-            n, nxt = verify_greedy(draft.tokens, r.sampler.draw_rows(probabilities(logits, r.sampling), len(r.tokens)))
+            assert p is not None
+            n, nxt = verify_greedy(draft.tokens, r.sampler.draw_rows(p, len(r.tokens)))
         else:
-            assert isinstance(r.sampler, MultinomialSampler)
-            n, nxt = verify_sampling(draft.tokens, draft.q, probabilities(logits, r.sampling), r.sampler.generator)
+            assert p is not None and isinstance(r.sampler, MultinomialSampler)
+            n, nxt = verify_sampling(draft.tokens, draft.q, p, r.sampler.generator)
         new = [*draft.tokens[:n], nxt]
         r.tokens.extend(new)
         r.sampler.forget_before(len(r.tokens))
