@@ -157,7 +157,7 @@ class Engine:
             return ""
         return self.tokenizer.decode(ids)
 
-    def _check_lengths(self, n_prompt: int, max_new_tokens: int) -> None:
+    def check_lengths(self, n_prompt: int, max_new_tokens: int) -> None:
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise QuickdraftError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         if n_prompt >= self.context_length:
@@ -242,7 +242,7 @@ class Engine:
         if isinstance(stop, str):
             stop = [stop]
         prompt_ids = self.encode(prompt)
-        self._check_lengths(len(prompt_ids), max_new_tokens)
+        self.check_lengths(len(prompt_ids), max_new_tokens)
         drafter = self.drafter if gamma != 0 else None
         controller = GammaController(gamma, self.max_gamma, drafter.relative_cost_hint if drafter else 0.0)
         stats = GenerationStats(prompt_tokens=len(prompt_ids), exact=self.exact, exact_rows=self.exact_rows,

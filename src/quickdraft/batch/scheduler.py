@@ -144,9 +144,11 @@ class BatchScheduler:
         engine = self.engine
         sampling = sampling or GREEDY
         prompt_ids = engine.encode(prompt)
-        engine._check_lengths(len(prompt_ids), max_new_tokens)
+        engine.check_lengths(len(prompt_ids), max_new_tokens)
+        controller = GammaController(gamma, engine.max_gamma, 0.0)  # validates gamma
         drafter = self.drafter if gamma != 0 else None
-        controller = GammaController(gamma, engine.max_gamma, 0.0)
+        if drafter is None:
+            controller = GammaController(0, engine.max_gamma, 0.0)
         stats = GenerationStats(prompt_tokens=len(prompt_ids), exact=engine.exact, exact_rows=self.max_rows,
                                 drafter=drafter.name if drafter is not None else None)
         output = RequestOutput(engine.decode, stop, engine.eos_token_ids, max_new_tokens, prompt_ids, stats)
@@ -154,8 +156,6 @@ class BatchScheduler:
         sampler: TokenSampler = CoupledSampler(seed) if sampling.coupled else MultinomialSampler(seed)
         request = BatchRequest(prompt_ids, max_new_tokens, sampling, output, controller, sampler, cancelled,
                                tokens=list(prompt_ids))
-        if gamma == 0 or self.drafter is None:
-            request.controller = GammaController(0, engine.max_gamma, 0.0)
         self.waiting.append(request)
         return request
 
@@ -184,8 +184,7 @@ class BatchScheduler:
             self.waiting.remove(request)
             request.output.cancel()
         else:
-            previous = request.cancelled
-            request.cancelled = lambda: True if previous is None else True
+            request.cancelled = lambda: True
 
     # ---- admission and prefill ----------------------------------------------------------------
     def _admit(self) -> None:
