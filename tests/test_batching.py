@@ -167,3 +167,39 @@ def test_the_invariance_probe_keeps_only_shapes_that_agree_with_the_largest(engi
     monkeypatch.setattr(shapes, "_probe_cache", {})
     kept, _ = shapes.invariant_shapes(model, candidates, 256)
     assert kept == [(4, 1), (4, 5)] or kept == [(4, 5)]
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen2", "mistral-window"])
+def test_other_architectures_batch_exactly(tmp_path, arch):
+    """GPT-2 (learned positions), Qwen2 (biases, tied head) and Mistral with a sliding window
+    shorter than the sequences: batched output equals each request alone, and greedy plain output
+    of the single-sequence engine (fp32 here, 1 thread: the shapes agree)."""
+    from hf_factory import make_hf_checkpoint
+
+    overrides = {"sliding_window": 24} if arch == "mistral-window" else {}
+    path = make_hf_checkpoint(arch.split("-")[0], tmp_path / arch, seed=4, **overrides)
+    engine = Engine(load_model(path), "prompt-lookup")
+    jobs = [(p, 30, SamplingParams()) for p in mixed_prompts(8)]
+    alone = [engine.generate_batch([p], n, max_batch=8)[0].token_ids for p, n, _ in jobs]
+    assert run_staggered(engine.batch_scheduler(8), jobs, join_every=1) == alone
+
+
+def test_edge_requests_in_a_batch(engines):
+    """One-token prompts, one new token, EOS inside an accepted draft and stop strings: each request
+    ends as it does alone."""
+    engine = engines["prompt-lookup"]
+    scheduler = BatchScheduler(engine, max_batch=4)
+    one = scheduler.submit([7], 1)
+    short = scheduler.submit([5, 6, 5, 6, 5, 6], 12)
+    results = {id(r): e.result for r, e in scheduler.run() if e.result is not None}
+    assert len(results[id(one)].token_ids) == 1 and results[id(one)].finish_reason == "length"
+    expected = engine.generate_batch([[5, 6, 5, 6, 5, 6]], 12, max_batch=4)[0].token_ids
+    assert results[id(short)].token_ids == expected
+    eos = expected[3]
+    original = engine.eos_token_ids
+    try:
+        engine.eos_token_ids = frozenset({eos})
+        stopped = engine.generate_batch([[5, 6, 5, 6, 5, 6], [1, 2, 3]], 12, max_batch=4)[0]
+    finally:
+        engine.eos_token_ids = original
+    assert stopped.finish_reason == "stop" and stopped.token_ids == expected[: expected.index(eos) + 1]

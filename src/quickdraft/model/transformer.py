@@ -345,7 +345,9 @@ class Transformer(nn.Module):
         x = self.embed(tokens)
         rope = None
         if self.pos_embed is not None:
-            x = x + self.pos_embed(positions)
+            # Padding rows may sit past a learned position table (scratch slots at the end of the
+            # cache); real rows never do. Their outputs are discarded, so clamping them is harmless.
+            x = x + self.pos_embed(positions.clamp(max=self.config.block_size - 1))
         else:
             cos, sin = self._rope(positions, cache.capacity)  # [B, T, head_dim]
             rope = (cos[:, None], sin[:, None])  # broadcast over heads
