@@ -65,7 +65,10 @@ class SamplingFields(BaseModel):
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     stop: StrictStr | Annotated[list[StrictStr], Field(max_length=OPENAI_MAX_STOP)] | None = None
-    seed: Integer(ge=0, le=MAX_SEED) | None = None
+    seed: Integer(ge=0, le=MAX_SEED) | None = Field(
+        None, description="With a seed, the same request returns the same tokens every time, whatever gamma and "
+        "whatever else the server runs (the coupled sampling rule: identical to seeded plain decoding)."
+    )
     gamma: Integer(ge=0, le=64) | Literal["auto"] | None = Field(
         None, description="Draft length per step: an integer (0 = plain decoding) or 'auto' (default)."
     )
