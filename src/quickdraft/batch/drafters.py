@@ -19,6 +19,7 @@ from quickdraft.drafters.early_exit import EarlyExitDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.batch.shapes import window_bucket
 from quickdraft.errors import QuickdraftError
+from quickdraft.model.compiled import CompiledSteps
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.transformer import Transformer
 from quickdraft.randomness import TokenSampler
@@ -136,9 +137,11 @@ class _ModelDrafter(BatchDrafter):
 
 
 class BatchedDraftModel(_ModelDrafter):
-    """A separate small model with its own batched cache, run eagerly. (Compiling its [S, 1] and
-    [S, 2] steps, one graph per slot bucket, was measured: 54 s of compilation for 16 slots, then
-    379 vs 359 tokens/s at 1 sequence and no gain at 4 or 16, so it is not done.)"""
+    """A separate small model with its own batched cache. Batched steps run eagerly (compiling
+    them, one graph per slot bucket, was measured: 54 s of compilation for 16 slots, then no gain at
+    4 or 16 sequences). When one sequence runs alone and the engine compiles its draft, its 1- and
+    2-row steps go through the single-sequence compiled steps on its cache entry, as in the
+    unbatched engine (drafts change speed only, never the output)."""
 
     name = "draft-model"
 
@@ -149,6 +152,8 @@ class BatchedDraftModel(_ModelDrafter):
         self.length = [0] * max_batch  # tokens held in each entry of the draft cache
         self._base = [0] * max_batch
         self._fed = [0] * max_batch
+        self.alone_steps = CompiledSteps(self.model, enabled=drafter.steps.enabled)
+        self.alone_steps.prepare(self.cache.entry(0))  # graphs built now, on an entry that holds nothing yet
 
     @torch.inference_mode()
     def begin(self, slot: int, prompt_ids: list[int]) -> None:
@@ -161,6 +166,8 @@ class BatchedDraftModel(_ModelDrafter):
         return request.tokens[start:], start
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, n_slots: int, window: int) -> torch.Tensor:
+        if n_slots == 1 and self.alone_steps.enabled and tokens.shape[1] <= self.alone_steps.max_rows:
+            return self.alone_steps.run(tokens[0].tolist(), int(positions[0, 0]), self.cache.entry(0))[None]
         return self.model.forward_batched(tokens, positions, self.cache.first(n_slots), window=window)
 
     @torch.inference_mode()
