@@ -203,3 +203,14 @@ def test_edge_requests_in_a_batch(engines):
     finally:
         engine.eos_token_ids = original
     assert stopped.finish_reason == "stop" and stopped.token_ids == expected[: expected.index(eos) + 1]
+
+
+def test_a_compiled_draft_drafts_a_lone_sequence_and_changes_no_output(checkpoints):
+    target, related = load_model(checkpoints["target"]), load_model(checkpoints["related"])
+    compiled = Engine(target, related, compile_drafter=True)
+    eager = Engine(target, related)
+    assert compiled.batch_scheduler(4).drafter.alone_steps.enabled
+    prompts = mixed_prompts(3)
+    alone = [compiled.generate_batch([p], 20, max_batch=4)[0] for p in prompts]
+    assert [r.token_ids for r in alone] == [eager.generate_batch([p], 20, max_batch=4)[0].token_ids for p in prompts]
+    assert sum(r.stats.accepted for r in alone) > 0
