@@ -17,7 +17,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import quickdraft.engine as engine_module
+import quickdraft.verify as verify_module
 import quickdraft.randomness as randomness
 from hf_factory import make_hf_checkpoint
 from quickdraft import Engine, SamplingParams
@@ -151,7 +151,7 @@ def test_chi_square_detects_a_verifier_that_accepts_every_draft(bigram_pair, mon
     def accept_everything(draft_tokens, q, p, generator):
         return len(draft_tokens), int(torch.multinomial(p[len(draft_tokens)], 1, generator=generator))
 
-    monkeypatch.setattr(engine_module, "verify_sampling", accept_everything)
+    monkeypatch.setattr(verify_module, "verify_sampling", accept_everything)
     params = SamplingParams(1.0, 0, 1.0, rule="rejection")
     engine = Engine(target, draft, exact=False)
     samples = speculative_samples(engine, params, 3, N_SAMPLES // 4)

@@ -18,10 +18,10 @@ from quickdraft.model.compiled import CompiledSteps, static_capacity
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.loader import LoadedModel, default_draft_dtype, load_model
 from quickdraft.output import GenerationResult, RequestOutput, StreamEvent
-from quickdraft.randomness import CoupledSampler, MultinomialSampler, TokenSampler, fresh_seed
+from quickdraft.randomness import sampler_for
 from quickdraft.sampling import GREEDY, SamplingParams, probabilities
 from quickdraft.stats import GenerationStats
-from quickdraft.verify import verify_greedy, verify_sampling
+from quickdraft.verify import verify_step
 
 log = logging.getLogger(__name__)
 
@@ -276,8 +276,7 @@ class Engine:
         if self.target_steps is not None:
             capacity = static_capacity(capacity)  # compiled steps are shaped by it: few distinct values
         cache = self._new_target_cache(capacity)
-        seed = sampling.seed if sampling.seed is not None else fresh_seed()
-        sampler: TokenSampler = CoupledSampler(seed) if sampling.coupled else MultinomialSampler(seed)
+        sampler = sampler_for(sampling)
         if drafter is not None:
             drafter.begin(prompt_ids, DraftContext(self.model, cache, capacity, self.vocab_limit))
 
@@ -306,13 +305,8 @@ class Engine:
                 drafter_seconds = elapsed / draft.forward_calls if draft.forward_calls else None
             t0 = time.perf_counter()
             logits = self._target_forward([tokens[-1], *draft.tokens], cache, pad_to=rows)
-            if sampling.greedy:
-                n, nxt = verify_greedy(draft.tokens, logits.argmax(-1).tolist())
-            elif sampler.coupled:
-                n, nxt = verify_greedy(draft.tokens, sampler.draw_rows(probabilities(logits, sampling), len(tokens)))
-            else:
-                assert isinstance(sampler, MultinomialSampler)
-                n, nxt = verify_sampling(draft.tokens, draft.q, probabilities(logits, sampling), sampler.generator)
+            p = None if sampling.greedy else probabilities(logits, sampling)
+            n, nxt = verify_step(draft.tokens, draft.q, logits, p, sampling, sampler, len(tokens))
             target_seconds = time.perf_counter() - t0
             stats.target_seconds += target_seconds
             new = [*draft.tokens[:n], nxt]

@@ -42,6 +42,8 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from quickdraft.sampling import SamplingParams
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -130,3 +132,10 @@ class CoupledSampler(TokenSampler):
     def forget_before(self, position: int) -> None:
         for stale in [p for p in self._noise if p < position]:
             del self._noise[stale]
+
+
+def sampler_for(sampling: SamplingParams) -> TokenSampler:
+    """A request's sampler: the coupled rule's noise or a generator, from its seed (a fresh one
+    when it gave none)."""
+    seed = sampling.seed if sampling.seed is not None else fresh_seed()
+    return CoupledSampler(seed) if sampling.coupled else MultinomialSampler(seed)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from quickdraft.sampling import sample
+from quickdraft.randomness import MultinomialSampler, TokenSampler
+from quickdraft.sampling import SamplingParams, sample
 
 
 def verify_greedy(draft: list[int], target_argmax: list[int]) -> tuple[int, int]:
@@ -56,3 +57,25 @@ def verify_sampling(
             # p and q; guard against rounding by falling back to p itself.
             return i, sample(residual / total if total > 0 else p[i], generator)
     return k, sample(p[k], generator)
+
+
+def verify_step(
+    draft: list[int],
+    q: torch.Tensor | None,
+    logits: torch.Tensor,
+    p: torch.Tensor | None,
+    sampling: SamplingParams,
+    sampler: TokenSampler,
+    first_position: int,
+) -> tuple[int, int]:
+    """One step's verification under the request's rule. logits [γ + 1, vocab] are the target's
+    rows; p their probabilities under ``sampling`` (None when greedy); row r predicts sequence
+    position ``first_position + r``. Greedy: argmax; coupled: the target's own sampled tokens;
+    otherwise rejection sampling. Returns (accepted count, next token)."""
+    if sampling.greedy:
+        return verify_greedy(draft, logits.argmax(-1).tolist())
+    assert p is not None
+    if sampler.coupled:
+        return verify_greedy(draft, sampler.draw_rows(p, first_position))
+    assert isinstance(sampler, MultinomialSampler)
+    return verify_sampling(draft, q, p, sampler.generator)

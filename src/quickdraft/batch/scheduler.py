@@ -40,10 +40,10 @@ from quickdraft.drafters.base import Draft
 from quickdraft.engine import Engine, GammaController
 from quickdraft.errors import QuickdraftError
 from quickdraft.output import RequestOutput, StreamEvent
-from quickdraft.randomness import CoupledSampler, MultinomialSampler, TokenSampler, fresh_seed
+from quickdraft.randomness import TokenSampler, sampler_for
 from quickdraft.sampling import GREEDY, SamplingParams, grouped_probabilities
 from quickdraft.stats import GenerationStats
-from quickdraft.verify import verify_greedy, verify_sampling
+from quickdraft.verify import verify_step
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +152,7 @@ class BatchScheduler:
         stats = GenerationStats(prompt_tokens=len(prompt_ids), exact=engine.exact, exact_rows=self.max_rows,
                                 drafter=drafter.name if drafter is not None else None)
         output = RequestOutput(engine.decode, stop, engine.eos_token_ids, max_new_tokens, prompt_ids, stats)
-        seed = sampling.seed if sampling.seed is not None else fresh_seed()
-        sampler: TokenSampler = CoupledSampler(seed) if sampling.coupled else MultinomialSampler(seed)
+        sampler = sampler_for(sampling)
         request = BatchRequest(prompt_ids, max_new_tokens, sampling, output, controller, sampler, cancelled,
                                tokens=list(prompt_ids))
         self.waiting.append(request)
@@ -325,14 +324,7 @@ class BatchScheduler:
                 events: list[tuple[BatchRequest, StreamEvent]]) -> None:
         """Verify one sequence's draft against its rows: ``logits`` [1 + γ, vocab], and for a
         sampled request ``p``, their probabilities under its parameters."""
-        if r.sampling.greedy:
-            n, nxt = verify_greedy(draft.tokens, logits.argmax(-1).tolist())
-        elif r.sampler.coupled:
-            assert p is not None
-            n, nxt = verify_greedy(draft.tokens, r.sampler.draw_rows(p, len(r.tokens)))
-        else:
-            assert p is not None and isinstance(r.sampler, MultinomialSampler)
-            n, nxt = verify_sampling(draft.tokens, draft.q, p, r.sampler.generator)
+        n, nxt = verify_step(draft.tokens, draft.q, logits, p, r.sampling, r.sampler, len(r.tokens))
         new = [*draft.tokens[:n], nxt]
         r.tokens.extend(new)
         r.sampler.forget_before(len(r.tokens))

@@ -300,21 +300,31 @@ class EngineWorker:
             for request, event in events:
                 job = self._jobs[id(request)]
                 if event.result is not None:
-                    result = event.result
-                    self.metrics.record_generation(result.stats, result.finish_reason)
-                    if result.finish_reason == "cancelled":
-                        self.metrics.inc("generations_cancelled_total", reason=job.cancel_reason or "unknown")
+                    self._record(job, event)
                     job.finished = True
                     del self._jobs[id(request)]
                 job.emit(event)
         for job in self._jobs.values():
             job.emit(NotRun("shutdown"))
 
-    def _admit(self, scheduler, job: GenerationJob) -> None:  # noqa: ANN001
-        if job.cancelled():
+    def _skipped(self, job: GenerationJob) -> bool:
+        """A job cancelled while it waited (deadline, disconnect) never runs: answer it now."""
+        if not job.cancelled():
+            return False
+        self.metrics.inc("generations_cancelled_total", reason=job.cancel_reason or "unknown")
+        job.finished = True
+        job.emit(NotRun(job.cancel_reason or "cancelled"))
+        return True
+
+    def _record(self, job: GenerationJob, last: StreamEvent) -> None:
+        result = last.result
+        assert result is not None
+        self.metrics.record_generation(result.stats, result.finish_reason)
+        if result.finish_reason == "cancelled":
             self.metrics.inc("generations_cancelled_total", reason=job.cancel_reason or "unknown")
-            job.finished = True
-            job.emit(NotRun(job.cancel_reason or "cancelled"))
+
+    def _admit(self, scheduler, job: GenerationJob) -> None:  # noqa: ANN001
+        if self._skipped(job):
             return
         try:
             request = scheduler.submit(job.prompt_ids, job.max_tokens, job.sampling, job.gamma, job.stop,
@@ -326,10 +336,7 @@ class EngineWorker:
         self._jobs[id(request)] = job
 
     def _generate(self, job: GenerationJob) -> None:
-        if job.cancelled():
-            self.metrics.inc("generations_cancelled_total", reason=job.cancel_reason or "unknown")
-            job.finished = True
-            job.emit(NotRun(job.cancel_reason or "cancelled"))
+        if self._skipped(job):
             return
         self._single_running += 1
         self.current = job
@@ -337,10 +344,7 @@ class EngineWorker:
             for event in self.engine.stream(job.prompt_ids, job.max_tokens, job.sampling, job.gamma, job.stop,
                                             cancelled=job.cancelled):
                 if event.result is not None:
-                    result = event.result
-                    self.metrics.record_generation(result.stats, result.finish_reason)
-                    if result.finish_reason == "cancelled":
-                        self.metrics.inc("generations_cancelled_total", reason=job.cancel_reason or "unknown")
+                    self._record(job, event)
                 job.emit(event)
         except QuickdraftError as exc:
             job.emit(exc)
