@@ -17,7 +17,7 @@ from quickdraft.drafters.base import Draft, Drafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.early_exit import EarlyExitDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
-from quickdraft.batch.shapes import window_bucket
+from quickdraft.batch.shapes import scratch_positions, window_bucket
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.compiled import CompiledSteps
 from quickdraft.model.kv_cache import KVCache
@@ -55,10 +55,6 @@ class BatchDrafter(ABC):
         """The sequence in ``source`` now lives in ``destination`` (compaction)."""
 
 
-def _scratch_positions(capacity: int, rows: int) -> torch.Tensor:
-    return torch.arange(capacity - rows, capacity)
-
-
 class _ModelDrafter(BatchDrafter):
     """Autoregressive drafting with a [S, T] forward per position: ``_forward(tokens, positions, S)``."""
 
@@ -82,7 +78,7 @@ class _ModelDrafter(BatchDrafter):
         first = {r.slot: self._first_rows(r) for r in active}
         width = max(len(rows) for rows, _ in first.values())
         tokens = torch.zeros(n_slots, width, dtype=torch.long)
-        positions = _scratch_positions(self.capacity, width).repeat(n_slots, 1)
+        positions = scratch_positions(self.capacity, width, n_slots)
         last_row = {}
         for r in active:
             rows, start = first[r.slot]
@@ -117,7 +113,7 @@ class _ModelDrafter(BatchDrafter):
             if not feeding:
                 break
             tokens = torch.zeros(n_slots, 1, dtype=torch.long)
-            positions = _scratch_positions(self.capacity, 1).repeat(n_slots, 1)
+            positions = scratch_positions(self.capacity, 1, n_slots)
             for slot, token in feeding:
                 tokens[slot, 0] = token
                 positions[slot, 0] = next_position[slot]

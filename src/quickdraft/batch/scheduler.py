@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 import torch
 
 from quickdraft.batch.drafters import BatchDrafter, DraftRequest, batch_drafter
-from quickdraft.batch.shapes import MIN_WINDOW, all_shapes, invariant_shapes, row_bucket, slot_bucket, window_bucket
+from quickdraft.batch.shapes import (MIN_WINDOW, all_shapes, invariant_shapes, row_bucket, scratch_positions,
+                                     slot_bucket, window_bucket)
 from quickdraft.drafters.base import Draft
 from quickdraft.engine import Engine, GammaController
 from quickdraft.errors import QuickdraftError
@@ -261,7 +262,7 @@ class BatchScheduler:
         key = (n_slots, rows)
         if key not in self._target_cost:
             tokens = torch.zeros(n_slots, rows, dtype=torch.long)
-            positions = torch.arange(self.capacity - rows, self.capacity).repeat(n_slots, 1)
+            positions = scratch_positions(self.capacity, rows, n_slots)
             timings = []
             for _ in range(2):
                 t0 = time.perf_counter()
@@ -301,7 +302,7 @@ class BatchScheduler:
                                                                         for r, d in zip(ready, drafts)))
         n_slots, rows, window = shape
         tokens = torch.zeros(n_slots, rows, dtype=torch.long)
-        positions = torch.arange(self.capacity - rows, self.capacity).repeat(n_slots, 1)
+        positions = scratch_positions(self.capacity, rows, n_slots)
         for r, d in zip(ready, drafts):
             start = len(r.tokens) - 1
             tokens[r.slot, : 1 + len(d.tokens)] = torch.tensor([r.tokens[-1], *d.tokens])
@@ -311,11 +312,13 @@ class BatchScheduler:
         target_seconds = time.perf_counter() - t0
         self._observe_target(shape, target_seconds)
         self.last_batch = len(ready)
-        rows = [logits[r.slot, : 1 + len(d.tokens), : self.engine.vocab_limit] for r, d in zip(ready, drafts)]
+        row_logits = [logits[r.slot, : 1 + len(d.tokens), : self.engine.vocab_limit] for r, d in zip(ready, drafts)]
         sampled = [i for i, r in enumerate(ready) if not r.sampling.greedy]
-        probs = dict(zip(sampled, grouped_probabilities([rows[i] for i in sampled], [ready[i].sampling for i in sampled])))
+        probs = dict(zip(sampled, grouped_probabilities([row_logits[i] for i in sampled],
+                                                        [ready[i].sampling for i in sampled])))
         for i, (r, d) in enumerate(zip(ready, drafts)):
-            self._commit(r, d, rows[i], probs.get(i), target_seconds, drafter_seconds if d.tokens else 0.0, events)
+            self._commit(r, d, row_logits[i], probs.get(i), target_seconds, drafter_seconds if d.tokens else 0.0,
+                         events)
         for r in [r for r in ready if r.output.done]:  # after every commit: leaving moves other slots
             self._finish(r, events)
 

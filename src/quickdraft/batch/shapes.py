@@ -51,6 +51,12 @@ def row_bucket(rows: int, max_rows: int) -> int:
     return min(next((b for b in ROW_BUCKETS if b >= rows), max_rows), max_rows)
 
 
+def scratch_positions(capacity: int, rows: int, n_slots: int) -> torch.Tensor:
+    """[n_slots, rows] positions at the end of every cache entry, past any sequence's data: where
+    padding rows and idle slots of a step write keys nobody reads."""
+    return torch.arange(capacity - rows, capacity).repeat(n_slots, 1)
+
+
 def all_shapes(max_batch: int, max_rows: int) -> list[tuple[int, int]]:
     slots = sorted({slot_bucket(n, max_batch) for n in range(1, max_batch + 1)})
     rows = sorted({row_bucket(r, max_rows) for r in range(1, max_rows + 1)})
