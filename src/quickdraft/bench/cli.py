@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
+
+from quickdraft.bench.llama_cpp import ENV_VAR as LLAMA_CPP_ENV
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -38,6 +41,10 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-gamma", type=int, help="the engines' max_gamma (default 8); exact mode's row bucket "
                    "is at least max_gamma + 1")
     p.add_argument("--no-peers", action="store_true", help="skip transformers' generate()")
+    p.add_argument("--llama-cpp", metavar="DIR", default=os.environ.get(LLAMA_CPP_ENV) or None,
+                   help="also run llama.cpp (plain, and speculative with the draft) on GGUF conversions of the "
+                        "embedded pair: DIR is what scripts/llama_cpp/build.sh built, with what "
+                        f"scripts/llama_cpp/convert.sh wrote (default: ${LLAMA_CPP_ENV})")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="time tokens/s by wall clock (default) or by this process's CPU time (on a machine "
@@ -68,7 +75,7 @@ def settings_from_args(args: argparse.Namespace):
     common = dict(target=target, draft=draft, dtype=args.dtype, draft_dtype=args.draft_dtype,
                   compile_drafter=bool(args.compile_drafter), compile_target=bool(args.compile_target),
                   device=args.device, exact=not args.no_exact,
-                  early_exit=early_exit, prompt_lookup=prompt_lookup, peers=not args.no_peers,
+                  early_exit=early_exit, prompt_lookup=prompt_lookup, peers=not args.no_peers, llama_cpp=args.llama_cpp,
                   temperature=args.temperature, seed=args.seed, clock=args.clock, **overrides)
     return BenchSettings.quick(**common) if args.quick else BenchSettings(**common)
 

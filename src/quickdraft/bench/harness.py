@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from quickdraft.bench.llama_cpp import DRAFT_MAX, LlamaCpp, LlamaCppRun, same_output, token_bytes
 from quickdraft.drafters.base import Draft, DraftContext, Drafter
 from quickdraft.drafters.factory import make_drafter
 from quickdraft.engine import Engine, expected_speedup
@@ -47,6 +48,8 @@ BASELINE = "plain"
 # (run with --threads 1 then: spinning OpenMP threads would count as work).
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 PLAIN_EXACT = "plain exact"
+LLAMA_CPP_PLAIN = "llama.cpp plain"
+LLAMA_CPP_DRAFT = f"llama.cpp speculative draft {DRAFT_MAX}"
 
 
 def warmup_prompts(prompt_ids: Sequence[list[int]], max_new_tokens: int, max_gamma: int) -> list[list[int]]:
@@ -86,6 +89,7 @@ class BenchSettings:
     early_exit: str | None = "early-exit"  # drafter spec, None to skip
     prompt_lookup: str | None = "prompt-lookup"
     peers: bool = True  # transformers generate(): plain, assisted, prompt lookup
+    llama_cpp: str | None = None  # a scripts/llama_cpp/build.sh directory: llama.cpp plain and speculative as peers
     full_sampling: bool = True  # sampling runs of every method; False: plain, draft auto (early exit
     # without a draft model), hf plain, hf assisted
     hf_lookup_tokens: int = 10  # prompt_lookup_num_tokens for the transformers peer (its docs' value)
@@ -106,7 +110,8 @@ class BenchSettings:
 @dataclass(frozen=True)
 class Method:
     name: str  # unique label, e.g. "draft γ=4" or "hf assisted"
-    family: str  # plain | draft | early-exit | prompt-lookup | hf-plain | hf-assisted | hf-lookup
+    # plain | draft | early-exit | prompt-lookup | hf-plain | hf-assisted | hf-lookup | llama-cpp-plain | llama-cpp-draft
+    family: str
     gamma: int | str  # 0 = plain decoding
     exact: bool
     temperature: float
@@ -118,7 +123,7 @@ class Method:
 
     @property
     def peer(self) -> bool:
-        return self.family.startswith("hf-")
+        return self.family.startswith(("hf-", "llama-cpp-"))
 
     @property
     def decoding(self) -> str:
@@ -212,6 +217,8 @@ class RoundResult:
     seconds: float = 0.0  # by the bench's clock
     wall_seconds: float = 0.0
     outputs: list[list[int]] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)  # generated tokens, per prompt
+    peer_runs: list[LlamaCppRun] = field(default_factory=list)  # llama.cpp's runs, per prompt: text, not our ids
     prompt_seconds: list[float] = field(default_factory=list)  # per prompt, by the bench's clock
     target_seconds: float = 0.0
     target_calls: int = 0
@@ -358,6 +365,39 @@ class Bench:
                           f"prompt_lookup_num_tokens={s.hf_lookup_tokens}")
         return runs
 
+    def _llama_cpp(self, target: LoadedModel, draft: LoadedModel | None,
+                   prompt_ids: list[list[int]]) -> list[tuple[Method, Callable]]:
+        """llama.cpp plain and speculative (greedy; a missing build or GGUF is an error: it was asked for)."""
+        s = self.settings
+        if not s.llama_cpp:
+            return []
+        if target.tokenizer is None:
+            raise QuickdraftError("the llama.cpp peer needs a target with a tokenizer: it is given the prompts as text")
+        threads = s.threads or torch.get_num_threads()
+        peer = LlamaCpp.for_models(s.llama_cpp, s.target, s.draft, s.dtype, s.draft_dtype, threads)
+        texts = [target.tokenizer.decode(ids, skip_special_tokens=False) for ids in prompt_ids]
+        differ = [i for i, (text, ids) in enumerate(zip(texts, prompt_ids)) if peer.tokenize(text) != ids]
+        self.notes.append(
+            f"llama.cpp {peer.version()} ({peer.bin_dir}) on {peer.target.name}"
+            + (f" and {peer.draft.name}" if peer.draft else "") + f", {threads} thread(s), KV cache "
+            f"{peer.cache_type}, greedy, EOS ignored; tokenization "
+            + (f"DIFFERS from ours on prompts {differ}" if differ else f"equals ours on all {len(texts)} prompts")
+            + ". tokens/s by llama.cpp's own timers, loading and prompt processing excluded (ours include the "
+            "prefill): plain = eval runs / (eval + sampling time) of llama-completion; speculative = "
+            f"llama-speculative-simple's decode line (draft of {peer.draft_max}, drafting, verifying and sampling); "
+            "= plain compares bytes with our plain greedy output")
+
+        def runner(speculative: bool) -> Callable:
+            def run(ids: list[int], max_new: int, seed: int) -> tuple[list[int], LlamaCppRun]:
+                text = target.tokenizer.decode(ids, skip_special_tokens=False)
+                return [], (peer.speculative(text, max_new) if speculative else peer.plain(text, max_new))
+            return run
+
+        runs = [(Method(LLAMA_CPP_PLAIN, "llama-cpp-plain", 0, False, 0.0), runner(False))]
+        if draft is not None:
+            runs.append((Method(LLAMA_CPP_DRAFT, "llama-cpp-draft", peer.draft_max, False, 0.0), runner(True)))
+        return runs
+
     # -- run
     def run(self) -> dict[str, Any]:
         threads = torch.get_num_threads()
@@ -390,7 +430,8 @@ class Bench:
             self.notes.append(f"prompts longer than {room} tokens were cut to their last {room} tokens "
                               "so that prompt + max_new_tokens fits the context")
             prompt_ids = [ids[-room:] for ids in prompt_ids]
-        runs = self._engines(target, draft) + self._peers(target, draft)
+        llama_cpp = self._llama_cpp(target, draft, prompt_ids)  # first: a missing build fails before any compiling
+        runs = self._engines(target, draft) + self._peers(target, draft) + llama_cpp
         methods = [m for m, _ in runs]
         log.info("bench: %d configurations x %d prompts x %d rounds", len(runs), len(prompts), s.repeats)
 
@@ -417,20 +458,28 @@ class Bench:
                     rr = results[method.name]
                     t0, w0 = clock(), time.perf_counter()
                     out, stats = runner(ids, s.max_new_tokens, s.seed + i)
-                    elapsed = clock() - t0
+                    elapsed, wall = clock() - t0, time.perf_counter() - w0
+                    n_tokens = len(out)
+                    if isinstance(stats, LlamaCppRun):
+                        # Another process: its own decode timer, not ours, which would count its loading.
+                        n_tokens = min(stats.n_tokens, s.max_new_tokens)
+                        elapsed = wall = stats.seconds_for(n_tokens)
+                        rr.peer_runs.append(stats)
+                    elif stats is not None:
+                        rr.add_stats(stats)
                     rr.seconds += elapsed
                     rr.prompt_seconds.append(elapsed)
-                    rr.wall_seconds += time.perf_counter() - w0
-                    rr.tokens += len(out)
+                    rr.wall_seconds += wall
+                    rr.tokens += n_tokens
+                    rr.prompt_tokens.append(n_tokens)
                     rr.outputs.append(list(out))
-                    if stats is not None:
-                        rr.add_stats(stats)
                     if recorder is not None:
                         rr.steps.extend(recorder.steps)
                     bar.update(1)
             rounds.append(results)
         bar.close()
-        rows = summarize(methods, rounds, [p["kind"] for p in prompts])
+        text_of = (lambda ids: token_bytes(target.tokenizer, ids)) if target.tokenizer is not None else None
+        rows = summarize(methods, rounds, [p["kind"] for p in prompts], text_of)
         headline = headline_figures(rows)
         return {
             "settings": _jsonable(asdict(s)),
@@ -461,8 +510,9 @@ def speedup_by_kind(runs: list[RoundResult], base: list[RoundResult], kinds: Seq
     for kind in dict.fromkeys(kinds):
         ratios = []
         for r, b in zip(runs, base):
-            idx = [i for i, k in enumerate(kinds) if k == kind and i < len(r.prompt_seconds) and i < len(b.prompt_seconds)]
-            tokens, base_tokens = sum(len(r.outputs[i]) for i in idx), sum(len(b.outputs[i]) for i in idx)
+            idx = [i for i, k in enumerate(kinds)
+                   if k == kind and i < len(r.prompt_tokens) and i < len(b.prompt_tokens)]
+            tokens, base_tokens = sum(r.prompt_tokens[i] for i in idx), sum(b.prompt_tokens[i] for i in idx)
             seconds, base_seconds = sum(r.prompt_seconds[i] for i in idx), sum(b.prompt_seconds[i] for i in idx)
             if seconds and base_seconds and base_tokens:
                 ratios.append((tokens / seconds) / (base_tokens / base_seconds))
@@ -471,11 +521,11 @@ def speedup_by_kind(runs: list[RoundResult], base: list[RoundResult], kinds: Seq
     return out
 
 
-def summarize(methods: list[Method], rounds: list[dict[str, RoundResult]],
-              kinds: Sequence[str] = ()) -> list[dict[str, Any]]:
+def summarize(methods: list[Method], rounds: list[dict[str, RoundResult]], kinds: Sequence[str] = (),
+              text_of: Callable[[list[int]], bytes] | None = None) -> list[dict[str, Any]]:
     """One row per method: medians over rounds, acceptance figures over all rounds; with the prompts'
     kinds, the speedup per kind as well (continuations and input-grounded tasks differ most for
-    prompt lookup)."""
+    prompt lookup). ``text_of``: our token ids -> bytes, to compare llama.cpp's text with our output."""
     rows = []
     for m in methods:
         per_round = [rd[m.name] for rd in rounds]
@@ -540,9 +590,11 @@ def summarize(methods: list[Method], rounds: list[dict[str, RoundResult]],
                 "efficiency": speedup / bound if bound else None,
                 "bound_with_verify_cost": bound_verify,
             })
+        if m.family.startswith("llama-cpp-"):
+            row.update(llama_cpp_figures(per_round, [rd[BASELINE] for rd in rounds], text_of))
         # Greedy, and seeded sampling under the coupled rule ("auto" with a seed), must reproduce plain
         # decoding's tokens (bit for bit in exact mode; outside it up to last-bit ties).
-        if m.greedy or (not m.peer and m.rule in ("auto", "coupled")):
+        elif m.greedy or (not m.peer and m.rule in ("auto", "coupled")):
             reference = (BASELINE if not m.exact else PLAIN_EXACT) + ("" if m.greedy else f" T={m.temperature:g}")
             if reference in rounds[0]:
                 same = [r.outputs == rd[reference].outputs for r, rd in zip(per_round, rounds)]
@@ -553,6 +605,22 @@ def summarize(methods: list[Method], rounds: list[dict[str, RoundResult]],
                 row["equals_plain_reference"] = reference
         rows.append(row)
     return rows
+
+
+def llama_cpp_figures(runs: list[RoundResult], base: list[RoundResult],
+                      text_of: Callable[[list[int]], bytes] | None) -> dict[str, Any]:
+    """llama.cpp's acceptance (accepted / drafted, its own counts) and whether its text equals our
+    plain greedy output, prompt by prompt over every round."""
+    peer_runs = [run for r in runs for run in r.peer_runs]
+    drafted = sum(run.drafted for run in peer_runs)
+    out: dict[str, Any] = {"acceptance_rate": sum(run.accepted for run in peer_runs) / drafted if drafted else None}
+    if text_of is not None:
+        per_prompt = [all(same_output(r.peer_runs[i], text_of(b.outputs[i]), len(b.outputs[i]))
+                          for r, b in zip(runs, base))
+                      for i in range(len(runs[0].peer_runs))]
+        out.update(equals_plain=all(per_prompt), equals_plain_fraction=sum(per_prompt) / len(per_prompt),
+                   equals_plain_reference=BASELINE)
+    return out
 
 
 def headline_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -590,6 +658,15 @@ def headline_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
         plain = named("plain" + suffix)
         if plain is not None and hf_plain is not None:
             out[f"plain_vs_hf_plain_{decoding}"] = plain["tokens_per_s"] / hf_plain["tokens_per_s"]
+    # The issue's bars: our plain vs llama.cpp's plain, our speculative (best, and exact) vs llama.cpp's.
+    llama_plain, llama_draft = named(LLAMA_CPP_PLAIN), named(LLAMA_CPP_DRAFT)
+    for ours, theirs, key in ((named(BASELINE), llama_plain, "plain_vs_llama_cpp_plain"),
+                              (named(PLAIN_EXACT), llama_plain, "plain_exact_vs_llama_cpp_plain"),
+                              (best("greedy", ("draft",)), llama_draft, "draft_vs_llama_cpp_speculative"),
+                              (best("greedy", ("draft",), exact=True), llama_draft,
+                               "draft_exact_vs_llama_cpp_speculative")):
+        if ours is not None and theirs is not None and theirs["tokens_per_s"]:
+            out[key] = {"ratio": ours["tokens_per_s"] / theirs["tokens_per_s"], "method": ours["method"]}
     return out
 
 

@@ -97,6 +97,12 @@ def headline_lines(h: dict[str, Any]) -> list[str]:
                          f"**{h[f'vs_hf_assisted_{decoding}']:.2f}×**")
         if f"plain_vs_hf_plain_{decoding}" in h:
             lines.append(f"- {label}: our plain / transformers plain tokens/s = {h[f'plain_vs_hf_plain_{decoding}']:.2f}×")
+    for key, theirs in (("plain_vs_llama_cpp_plain", "llama.cpp plain"),
+                        ("plain_exact_vs_llama_cpp_plain", "llama.cpp plain"),
+                        ("draft_vs_llama_cpp_speculative", "llama.cpp speculative"),
+                        ("draft_exact_vs_llama_cpp_speculative", "llama.cpp speculative")):
+        if key in h:
+            lines.append(f"- greedy: {h[key]['method']} / {theirs} tokens/s = **{h[key]['ratio']:.2f}×**")
     return lines
 
 
