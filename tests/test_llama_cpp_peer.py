@@ -73,6 +73,14 @@ def test_speculative_run_reports_llamas_decode_line_and_acceptance() -> None:
     assert run.text.startswith(plain.text) and len(run.text) > len(plain.text)
 
 
+def test_speculative_run_whose_closing_newlines_were_lost_at_exit_still_parses() -> None:
+    # llama.cpp's logger can drop a process's last line at exit: here the closing "\n\n"
+    stdout = fixture("speculative.stdout")
+    whole = parse_speculative(stdout, fixture("speculative.stderr").decode(), fixture("prompt.txt"))
+    cut = parse_speculative(stdout[:-2], fixture("speculative.stderr").decode(), fixture("prompt.txt"))
+    assert whole.text == cut.text + b"\n\n" and whole.n_tokens == cut.n_tokens
+
+
 def test_speculative_run_whose_prompt_echo_differs_is_refused() -> None:
     with pytest.raises(LlamaCppError, match="tokenization of the prompt differs"):
         parse_speculative(fixture("speculative.stdout"), fixture("speculative.stderr").decode(), b"import yaml")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,9 +100,12 @@ _PROMPT_EVAL = re.compile(r"common_perf_print: prompt eval time =\s*[\d.]+ ms /\
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 _DRAFTED = re.compile(r"n_drafted\s*=\s*(\d+)")
 _ACCEPTED = re.compile(r"n_accept\s*=\s*(\d+)")
-# What each tool prints on stdout after the generated text.
+# What each tool prints on stdout around the generated text. llama.cpp's logger is asynchronous and
+# left running at exit, so a process's last lines are sometimes lost: the speculative tool's closing
+# "\n\n" (its last line) may be missing, and a run whose timing lines are missing is run again.
 PLAIN_TAIL = b"\n\n"
-SPECULATIVE_HEAD, SPECULATIVE_TAIL = b"\n\n", b"\n\n\n\n"
+SPECULATIVE_HEAD, SPECULATIVE_TAIL = b"\n\n", b"\n\n"
+ATTEMPTS = 3
 
 
 def _search(pattern: re.Pattern[str], log: str, tool: str) -> re.Match[str]:
@@ -137,8 +140,9 @@ def parse_plain(stdout: bytes, log: str, requested: int) -> LlamaCppRun:
 
 def parse_speculative(stdout: bytes, log: str, prompt: bytes) -> LlamaCppRun:
     """llama-speculative-simple's output: ``stdout`` is the prompt as llama.cpp detokenizes it, then
-    the generated text; ``log`` its stderr. It may generate up to a draft more than asked for (its
-    last step keeps every accepted token)."""
+    the generated text; ``log`` its stderr. It generates more than asked for (it stops once past the
+    count, keeping every token of its last step), so its text is compared as a prefix, and that
+    text may end with the tool's closing "\n\n" (see SPECULATIVE_TAIL)."""
     n_tokens, seconds = _search(_DECODED, log, SPECULATIVE_TOOL).groups()
     echoed = _strip(stdout, SPECULATIVE_HEAD, SPECULATIVE_TAIL, SPECULATIVE_TOOL)
     if not echoed.startswith(prompt):
@@ -232,12 +236,20 @@ class LlamaCpp:
                 "-ctkd", self.draft_cache_type, "-ctvd", self.draft_cache_type]
 
     def plain(self, prompt: str, max_new: int) -> LlamaCppRun:
-        stdout, log = self._run(self.plain_command(prompt, max_new))
-        return parse_plain(stdout, log, max_new)
+        return self._run_parsed(self.plain_command(prompt, max_new), lambda out, log: parse_plain(out, log, max_new))
 
     def speculative(self, prompt: str, max_new: int) -> LlamaCppRun:
-        stdout, log = self._run(self.speculative_command(prompt, max_new))
-        return parse_speculative(stdout, log, prompt.encode())
+        return self._run_parsed(self.speculative_command(prompt, max_new),
+                                lambda out, log: parse_speculative(out, log, prompt.encode()))
+
+    def _run_parsed(self, command: list[str], parse: Callable[[bytes, str], LlamaCppRun]) -> LlamaCppRun:
+        for attempt in range(ATTEMPTS):
+            try:
+                return parse(*self._run(command))
+            except LlamaCppError:  # output lost at exit (see SPECULATIVE_TAIL): the run is deterministic, rerun it
+                if attempt == ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     def tokenize(self, text: str) -> list[int]:
         tool = self.bin_dir / TOKENIZE_TOOL
