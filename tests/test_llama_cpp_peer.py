@@ -128,6 +128,8 @@ def test_missing_gguf_names_the_convert_script(tmp_path: Path) -> None:
     (tmp_path / "gguf").mkdir()
     (tmp_path / "gguf" / "embedded-draft-bf16.gguf").touch()
     assert gguf_path(tmp_path, default_draft_path(), "bf16") == tmp_path / "gguf" / "embedded-draft-bf16.gguf"
+    (tmp_path / "gguf" / "embedded-copy-target-f32.gguf").touch()
+    assert gguf_path(tmp_path, "embedded-copy", "fp32") == tmp_path / "gguf" / "embedded-copy-target-f32.gguf"
     with pytest.raises(LlamaCppError, match="fp32 and bf16 only, not fp16"):
         gguf_path(tmp_path, default_draft_path(), "fp16")
 

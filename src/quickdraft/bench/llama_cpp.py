@@ -71,9 +71,12 @@ def find_bin_dir(root: Path) -> Path:
 
 
 def gguf_stem(model_path: str | Path) -> str:
-    """``<pair>-<target|draft>`` for a model of an embedded pair (the models convert.sh converts)."""
+    """``<pair>-<target|draft>`` for a model of an embedded pair (the models convert.sh converts);
+    a pair's name (``--target embedded-copy``) stands for its target."""
     from quickdraft.assets import EMBEDDED_PAIRS
 
+    if str(model_path) in EMBEDDED_PAIRS:
+        return f"{model_path}-target"
     resolved = Path(model_path).expanduser().resolve()
     for pair, root in EMBEDDED_PAIRS.items():
         for role in ("target", "draft"):
