@@ -109,6 +109,31 @@ def test_compiled_target_steps_keep_plain_and_speculative_greedy_output(checkpoi
     assert compiled_target.target_steps.enabled, "compilation fell back to eager"
 
 
-def test_compiled_target_steps_refuse_exact_mode(models):
-    with pytest.raises(QuickdraftError, match="compile_target needs exact=False"):
-        Engine(models["target"], None, exact=True, compile_target=True)
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_exact_mode_on_compiled_target_steps_is_bit_identical_to_its_plain_decoding(checkpoints, dtype):
+    target = load_model(checkpoints["target"], dtype=dtype)
+    engine = Engine(target, load_model(checkpoints["related"]), exact=True, compile_target=True)
+    prompt = list(range(5, 40))
+    plain = engine.generate(prompt, 48, gamma=0)
+    assert engine.target_steps is not None, "the row-invariance probe failed: exact mode fell back to eager steps"
+    assert engine.target_steps.enabled, "compilation fell back to eager"
+    for gamma in (1, 4, "auto"):
+        spec = engine.generate(prompt, 48, gamma=gamma)
+        assert spec.token_ids == plain.token_ids, gamma
+        assert spec.stats.accepted > 0
+
+
+def test_the_compiled_row_probe_catches_a_row_that_depends_on_its_neighbours(models):
+    """rows_agree must fail when a row's bits depend on the call's other rows."""
+    steps = CompiledSteps(models["target"].model, enabled=False, row_buckets=(1, 3))
+    cache = models["target"].model.new_cache(64)
+    eager_run = steps.run
+
+    def row_by_row(tokens, start, cache):  # row-invariant by construction
+        return torch.cat([eager_run([token], start + i, cache) for i, token in enumerate(tokens)])
+
+    steps.run = row_by_row
+    assert steps.rows_agree(cache)
+    steps.run = lambda tokens, start, cache: row_by_row(tokens, start, cache) + 1e-3 * (len(tokens) > 1)
+    assert not steps.rows_agree(cache)

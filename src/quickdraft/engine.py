@@ -31,9 +31,13 @@ CACHE_ROUNDING = 64
 
 class GammaController:
     """Fixed γ, or "auto": maximise expected tokens per unit time,
-    E[tokens]/cost = (1 − α^(γ+1)) / ((1 − α)(γc + 1)), from running estimates of α and c."""
+    E[tokens]/cost = (1 − α^(γ+1)) / ((1 − α)(γc + v(γ))), from running estimates of α and c.
 
-    def __init__(self, gamma: int | str, max_gamma: int, cost_hint: float) -> None:
+    ``verify_cost(γ)``: the target call's cost for γ drafts relative to a 1-row call (1 when every
+    call has the same shape; compiled steps in row buckets make a 9-row call cost several 1-row ones)."""
+
+    def __init__(self, gamma: int | str, max_gamma: int, cost_hint: float,
+                 verify_cost: Callable[[int], float] | None = None) -> None:
         self.auto = gamma == "auto"
         if not self.auto:
             if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 0:
@@ -45,13 +49,14 @@ class GammaController:
         # Beta(2, 1)-like prior on α; decayed counts so the estimate follows the text.
         self.accepts, self.rejects = 2.0, 1.0
         self.cost = cost_hint
+        self.verify_cost = verify_cost or (lambda gamma: 1.0)
         self.decay = 0.9
 
     def next_gamma(self) -> int:
         if not self.auto:
             return self.fixed
         alpha = self.accepts / (self.accepts + self.rejects)
-        return best_gamma(alpha, self.cost, self.max_gamma)
+        return best_gamma(alpha, self.cost, self.max_gamma, self.verify_cost)
 
     def observe(self, drafted: int, accepted: int, drafter_seconds_per_call: float | None,
                 target_seconds: float | None) -> None:
@@ -59,18 +64,20 @@ class GammaController:
             self.accepts = self.decay * self.accepts + accepted
             self.rejects = self.decay * self.rejects + (1 if accepted < drafted else 0)
         if drafter_seconds_per_call is not None and target_seconds:
-            measured = drafter_seconds_per_call / target_seconds
+            measured = drafter_seconds_per_call / (target_seconds / self.verify_cost(drafted))
             self.cost = 0.8 * self.cost + 0.2 * measured
 
 
-def expected_speedup(alpha: float, gamma: int, cost: float) -> float:
-    """Leviathan et al.'s bound: (1 − α^(γ+1)) / ((1 − α)(γc + 1))."""
+def expected_speedup(alpha: float, gamma: int, cost: float, verify_cost: float = 1.0) -> float:
+    """Leviathan et al.'s bound, (1 − α^(γ+1)) / ((1 − α)(γc + 1)), with the verify call costing
+    ``verify_cost`` 1-row target calls instead of one."""
     tokens = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-    return tokens / (gamma * cost + 1)
+    return tokens / (gamma * cost + verify_cost)
 
 
-def best_gamma(alpha: float, cost: float, max_gamma: int) -> int:
-    return max(range(1, max_gamma + 1), key=lambda g: expected_speedup(alpha, g, cost))
+def best_gamma(alpha: float, cost: float, max_gamma: int,
+               verify_cost: Callable[[int], float] = lambda gamma: 1.0) -> int:
+    return max(range(1, max_gamma + 1), key=lambda g: expected_speedup(alpha, g, cost, verify_cost(g)))
 
 
 class Engine:
@@ -98,15 +105,11 @@ class Engine:
         """``draft_dtype``: a draft model's dtype (default: ``default_draft_dtype``, fp32 on CPU).
         ``compile_drafter``: run the draft model's 1- and 2-row steps through torch.compile (seconds
         of compilation on first use, then ~0.6x the step time; output unchanged either way).
-        ``compile_target``: the same for
-        the target's decode and verify steps (1 row, or padded to max_gamma + 1 rows), plain
-        decoding included; needs ``exact=False`` (exact mode's bit-identity is proven for the
-        eager kernels it probes, not for compiled ones)."""
+        ``compile_target``: the same for the target's decode and verify steps, plain decoding
+        included (1 row, or padded to max_gamma + 1 rows; in exact mode every call after prefill
+        is one exact_rows-row graph, probed for row invariance when built, eager when the probe fails)."""
         if not isinstance(max_gamma, int) or max_gamma < 1:
             raise QuickdraftError(f"max_gamma must be an integer >= 1, got {max_gamma!r}")
-        if compile_target and exact:
-            raise QuickdraftError("compile_target needs exact=False: exact mode's bit-identical rows are probed for "
-                                  "the eager kernels, not for compiled ones")
         self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype=dtype, device=device)
         self.model = self.target.model
         self.tokenizer = self.target.tokenizer
@@ -123,12 +126,13 @@ class Engine:
         if draft_dtype is None:
             draft_dtype = default_draft_dtype(dtype, device)
         self.drafter = make_drafter(drafter, self.target, dtype=draft_dtype, device=device, compile=compile_drafter)
-        self.target_steps = CompiledSteps(self.model, enabled=True, row_buckets=(1, max_gamma + 1)) if compile_target else None
         self.exact_rows: int | None = None
         if exact:
             self.exact_rows = exact_row_bucket(self.model, max_gamma + 1)
             if self.exact_rows is None:
                 log.warning("no row count up to 64 gives row-invariant kernels on this platform; exact mode is off")
+        self.target_steps = CompiledSteps(self.model, enabled=True, row_buckets=row_buckets(max_gamma + 1)) \
+            if compile_target else None
         self.eos_token_ids = frozenset(self.target.eos_token_ids)
         self._prepared_capacities: set[int] = set()
         self._schedulers: dict[int, object] = {}
@@ -244,7 +248,8 @@ class Engine:
         prompt_ids = self.encode(prompt)
         self.check_lengths(len(prompt_ids), max_new_tokens)
         drafter = self.drafter if gamma != 0 else None
-        controller = GammaController(gamma, self.max_gamma, drafter.relative_cost_hint if drafter else 0.0)
+        controller = GammaController(gamma, self.max_gamma, drafter.relative_cost_hint if drafter else 0.0,
+                                     self._verify_cost)
         stats = GenerationStats(prompt_tokens=len(prompt_ids), exact=self.exact, exact_rows=self.exact_rows,
                                 drafter=drafter.name if drafter else None)
         output = RequestOutput(self.decode, stop, self.eos_token_ids, max_new_tokens, prompt_ids, stats)
@@ -326,8 +331,35 @@ class Engine:
         if self.target_steps is not None and capacity not in self._prepared_capacities:
             self.target_steps.prepare(cache)  # graphs for this capacity, built before the request's clock starts
             self._prepared_capacities.add(capacity)
+            if self.exact_rows:
+                self._keep_exact_target_steps(cache)
             cache.reset()
         return cache
+
+    def _verify_cost(self, gamma: int) -> float:
+        """A verify call of γ drafts relative to a 1-row call: measured per row bucket when compiled
+        steps are built (after the first request's cache), else 1."""
+        steps = self.target_steps
+        if steps is None or not steps.row_seconds or gamma + 1 > steps.max_rows:
+            return 1.0
+        return steps.row_seconds[steps.bucket(gamma + 1)] / steps.row_seconds[steps.bucket(1)]
+
+    def _keep_exact_target_steps(self, cache: KVCache) -> None:
+        """Exact mode on compiled steps: every row bucket when the probe finds that each row gets the
+        same bits whatever bucket computes it (plain decoding then costs one row); else one bucket
+        of exact_rows rows for every call, when its rows agree; else eager steps."""
+        assert self.target_steps is not None and self.exact_rows is not None
+        if self.target_steps.rows_agree(cache):
+            return
+        if len(self.target_steps.row_buckets) > 1:
+            log.info("compiled target: row buckets disagree in their bits on this platform; exact mode uses %d rows "
+                     "for every step", self.exact_rows)
+            self.target_steps = CompiledSteps(self.model, enabled=True, row_buckets=(self.exact_rows,))
+            self.target_steps.prepare(cache)
+            if self.target_steps.rows_agree(cache):
+                return
+        log.warning("the compiled target step is not row-invariant on this platform; exact mode runs eagerly")
+        self.target_steps = None
 
     def _target_forward(self, tokens: list[int], cache: KVCache, *, pad_to: int) -> torch.Tensor:
         """Feed ``tokens`` at the cache's length -> logits [len(tokens), vocab_limit].
@@ -344,6 +376,15 @@ class Engine:
         x = torch.tensor([padded], device=self.device)
         logits = self.model(x, cache.length, cache, full_window=bool(pad_to))
         return logits[0, :n, : self.vocab_limit]
+
+
+def row_buckets(max_rows: int) -> tuple[int, ...]:
+    """The row counts compiled target steps are built for: 1 (plain decoding), then about doubling up
+    to ``max_rows`` (a verify of γ drafts pads to the smallest bucket holding its γ + 1 rows)."""
+    buckets = [1]
+    while buckets[-1] < max_rows:
+        buckets.append(min(2 * buckets[-1] - 1 if buckets[-1] > 1 else 2, max_rows))
+    return tuple(buckets)
 
 
 def _round_up(n: int, multiple: int) -> int:

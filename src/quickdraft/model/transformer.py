@@ -111,6 +111,9 @@ class Attention(nn.Module):
             if isinstance(slots, torch.Tensor):  # static-shape step: positions are data, not Python ints
                 keys.index_copy_(2, slots, k)
                 values.index_copy_(2, slots, v)
+                assert mask is not None
+                y = _attend_fused(q, keys, values, mask)
+                return self.out(y.transpose(1, 2).reshape(batch, t, -1))
             else:
                 keys[:, :, slots] = k
                 values[:, :, slots] = v
@@ -136,6 +139,24 @@ def _attend_window(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ma
     visible = mask.unsqueeze(2).expand(batch, 1, group, t, mask.shape[-1]).reshape(batch, 1, group * t, -1)
     weights = scores.masked_fill_(~visible, float("-inf")).softmax(-1).to(values.dtype)
     return (weights @ values).view(batch, n_head, t, d)
+
+
+def _attend_fused(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The compiled step's attention: q [1, Hq, T, D] over the whole cache (keys, values [1, Hkv, C, D])
+    under mask [T, C] -> [1, Hq, T, D]. Written as broadcast products and sums, which inductor fuses
+    into reductions that read the cache in place; as matmuls it lowers them to its GEMM template,
+    which repacks the whole cache every call (embedded target, 512 slots: ~100 us a layer), and an
+    opaque custom op costs more in dispatch than the attention itself. Traced only: run eagerly it
+    would materialise [Hkv, G*T, C, D]."""
+    batch, n_head, t, d = q.shape
+    n_kv = keys.shape[1]
+    group = n_head // n_kv
+    q = q.reshape(batch, n_kv, group * t, 1, d)
+    scores = (q * keys[:, :, None]).sum(-1, dtype=torch.float32) * (1.0 / math.sqrt(d))  # [B, Hkv, G*T, C]
+    visible = mask.repeat(group, 1)  # [G*T, C]: query row g*T + i is row i of head group g
+    weights = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+    y = (weights[..., None] * values[:, :, None].float()).sum(-2)  # [B, Hkv, G*T, D]
+    return y.to(q.dtype).view(batch, n_head, t, d)
 
 
 class MLP(nn.Module):
