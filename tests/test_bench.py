@@ -99,6 +99,6 @@ def test_bench_reports_every_configuration_and_greedy_outputs_equal_plain(pair, 
     assert rows["draft γ=3"]["alpha"] > 0  # the related draft is sometimes right
     headline = report["headline"]
     assert headline["best_draft_greedy"]["method"] in rows and headline["best_draft_sampling"]["method"] in rows
-    assert any(note.startswith("exact mode: every target forward") for note in report["notes"])
+    assert any(note.startswith("exact mode: ") for note in report["notes"])
     if report["machine"]["transformers"]:
         assert {"hf plain", "hf assisted", "hf prompt lookup (10)", "hf plain T=0.8"} <= set(rows)

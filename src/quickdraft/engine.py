@@ -26,6 +26,11 @@ from quickdraft.verify import verify_step
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_GAMMA = 8
+# Compiled target steps are built for up to COMPILED_MAX_GAMMA + 1 rows. Past ~5 rows the C++ GEMM
+# template's step grows steeply here (embedded target, bf16, 256 slots: 1 row 1.31 ms, 3 rows 2.02,
+# 5 rows 3.40, 9 rows 8.51; fp32 2.53 / 2.87 / 3.48 / 7.42), so a longer draft never pays, and each
+# bucket costs ~12-19 s of compilation.
+COMPILED_MAX_GAMMA = 4
 CACHE_ROUNDING = 64
 
 
@@ -106,10 +111,14 @@ class Engine:
         ``compile_drafter``: run the draft model's 1- and 2-row steps through torch.compile (seconds
         of compilation on first use, then ~0.6x the step time; output unchanged either way).
         ``compile_target``: the same for the target's decode and verify steps, plain decoding
-        included (1 row, or padded to max_gamma + 1 rows; in exact mode every call after prefill
-        is one exact_rows-row graph, probed for row invariance when built, eager when the probe fails)."""
+        included: a graph per row bucket (1, 2, 3, 5; max_gamma is capped at COMPILED_MAX_GAMMA)
+        and cache capacity, built before a request's clock starts (~12-19 s each for the embedded
+        target). Exact mode uses them when a probe finds each row's bits the same in every bucket,
+        else one bucket for every call, else eager steps."""
         if not isinstance(max_gamma, int) or max_gamma < 1:
             raise QuickdraftError(f"max_gamma must be an integer >= 1, got {max_gamma!r}")
+        if compile_target:
+            max_gamma = min(max_gamma, COMPILED_MAX_GAMMA)
         self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype=dtype, device=device)
         self.model = self.target.model
         self.tokenizer = self.target.tokenizer
@@ -131,8 +140,8 @@ class Engine:
             self.exact_rows = exact_row_bucket(self.model, max_gamma + 1)
             if self.exact_rows is None:
                 log.warning("no row count up to 64 gives row-invariant kernels on this platform; exact mode is off")
-        self.target_steps = CompiledSteps(self.model, enabled=True, row_buckets=row_buckets(max_gamma + 1)) \
-            if compile_target else None
+        buckets = row_buckets(max_gamma + 1) if self.drafter is not None else (1,)
+        self.target_steps = CompiledSteps.shared(self.model, buckets) if compile_target else None
         self.eos_token_ids = frozenset(self.target.eos_token_ids)
         self._prepared_capacities: set[int] = set()
         self._schedulers: dict[int, object] = {}
@@ -349,14 +358,15 @@ class Engine:
         same bits whatever bucket computes it (plain decoding then costs one row); else one bucket
         of exact_rows rows for every call, when its rows agree; else eager steps."""
         assert self.target_steps is not None and self.exact_rows is not None
-        if self.target_steps.rows_agree(cache):
+        if self.target_steps.rows_agree_cached(cache):
             return
         if len(self.target_steps.row_buckets) > 1:
+            rows = self.target_steps.max_rows
             log.info("compiled target: row buckets disagree in their bits on this platform; exact mode uses %d rows "
-                     "for every step", self.exact_rows)
-            self.target_steps = CompiledSteps(self.model, enabled=True, row_buckets=(self.exact_rows,))
+                     "for every step", rows)
+            self.target_steps = CompiledSteps.shared(self.model, (rows,))
             self.target_steps.prepare(cache)
-            if self.target_steps.rows_agree(cache):
+            if self.target_steps.rows_agree_cached(cache):
                 return
         log.warning("the compiled target step is not row-invariant on this platform; exact mode runs eagerly")
         self.target_steps = None

@@ -35,7 +35,7 @@ import torch
 from quickdraft.bench.llama_cpp import DRAFT_MAX, LlamaCpp, LlamaCppRun, same_output, token_bytes
 from quickdraft.drafters.base import Draft, DraftContext, Drafter
 from quickdraft.drafters.factory import make_drafter
-from quickdraft.engine import Engine, expected_speedup
+from quickdraft.engine import COMPILED_MAX_GAMMA, Engine, expected_speedup
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.compiled import static_capacity
 from quickdraft.model.loader import LoadedModel, default_draft_dtype, dtype_name, load_model, parse_dtype
@@ -291,7 +291,7 @@ class Bench:
                 elif kind == "prompt-lookup":
                     drafter = RecordingDrafter(make_drafter(s.prompt_lookup, target))
                 e = Engine(target, drafter, exact=exact, dtype=s.dtype, device=s.device, max_gamma=s.max_gamma,
-                           compile_target=s.compile_target and not exact)
+                           compile_target=s.compile_target)
                 if exact and not e.exact:
                     raise QuickdraftError("exact mode is unavailable on this platform; rerun with --no-exact")
                 e.eos_token_ids = frozenset()  # ignore EOS: every method generates max_new_tokens
@@ -302,11 +302,13 @@ class Bench:
             method = Method(name, family, gamma, exact, temperature, rule)
             runs.append((method, OurRunner(engine(family, exact), method)))
 
-        too_big = sorted({g for g in (*s.gammas, *s.sampling_gammas) if g > s.max_gamma})
+        max_gamma = min(s.max_gamma, COMPILED_MAX_GAMMA) if s.compile_target else s.max_gamma
+        too_big = sorted({g for g in (*s.gammas, *s.sampling_gammas) if g > max_gamma})
         if too_big:
-            self.notes.append(f"γ {too_big} skipped: above max_gamma {s.max_gamma}")
+            self.notes.append(f"γ {too_big} skipped: above max_gamma {max_gamma}"
+                              + (" (compiled target steps)" if s.compile_target else ""))
         for temperature, gammas in ((0.0, s.gammas), (s.temperature, s.sampling_gammas)):
-            gammas = [g for g in gammas if g <= s.max_gamma]
+            gammas = [g for g in gammas if g <= max_gamma]
             suffix = "" if temperature == 0 else f" T={temperature:g}"
             full = temperature == 0 or s.full_sampling
             for exact in modes if full else [False]:
@@ -327,11 +329,20 @@ class Bench:
                 add(f"prompt lookup auto{suffix}", "prompt-lookup", "auto", False, temperature)
         if draft is None:
             self.notes.append("no draft model given: draft-model speculation and the assisted peer were skipped")
-        exact_rows = {e.exact_rows for (_, exact), e in engines.items() if exact}
-        if exact_rows:
-            self.notes.append(f"exact mode: every target forward after prefill runs {exact_rows.pop()} rows "
-                              f"(max_gamma {s.max_gamma})")
         return runs
+
+    def _exact_note(self, engines: Sequence[Engine]) -> None:
+        """How exact mode ran, read after the runs (compiled engines settle it when first used)."""
+        for e in engines:
+            if not e.exact:
+                continue
+            if e.target_steps is not None:
+                self.notes.append(f"exact mode: compiled target steps in row buckets {e.target_steps.row_buckets}, "
+                                  "each row's bits the same in every bucket (probed)")
+            else:
+                self.notes.append(f"exact mode: every target forward after prefill runs {e.exact_rows} rows "
+                                  f"(max_gamma {e.max_gamma})")
+            return
 
     def _peers(self, target: LoadedModel, draft: LoadedModel | None) -> list[tuple[Method, Callable]]:
         s = self.settings
@@ -436,12 +447,14 @@ class Bench:
         log.info("bench: %d configurations x %d prompts x %d rounds", len(runs), len(prompts), s.repeats)
 
         bar = _progress(len(runs) * (1 + s.repeats * len(prompts)), self.progress)
-        warmups = warmup_prompts(prompt_ids, s.max_new_tokens, s.max_gamma)
+        warmups = warmup_prompts(prompt_ids, s.max_new_tokens,
+                                 min(s.max_gamma, COMPILED_MAX_GAMMA) if s.compile_target else s.max_gamma)
         for method, runner in runs:  # warm-up: a full generation per cache size the rounds will use
             bar.set_description(f"warm-up {method.name}")
             for ids in warmups:
                 runner(ids, s.max_new_tokens, s.seed)
             bar.update(1)
+        self._exact_note([runner.engine for _, runner in runs if isinstance(runner, OurRunner)])
         rounds: list[dict[str, RoundResult]] = []
         clock = CLOCKS[s.clock]
         for r in range(s.repeats):

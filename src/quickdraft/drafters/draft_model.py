@@ -43,7 +43,7 @@ class DraftModelDrafter(Drafter):
     def __init__(self, draft: LoadedModel, *, compile: bool = False) -> None:
         self.draft = draft
         self.model = draft.model
-        self.steps = CompiledSteps(draft.model, enabled=compile)
+        self.steps = CompiledSteps.shared(draft.model, (1, 2)) if compile else CompiledSteps(draft.model, enabled=False)
         self.cache: KVCache | None = None
         self.vocab_limit = draft.config.vocab_size
         self._base = 0  # committed tokens in the cache after the last proposal's pending tokens

@@ -19,6 +19,7 @@ import logging
 import statistics
 import time
 import types
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -65,6 +66,9 @@ def _own_forward_static(model: Transformer) -> Callable[..., torch.Tensor]:
     return types.MethodType(own, model)
 
 
+_SHARED: weakref.WeakKeyDictionary[Transformer, dict[tuple[int, ...], CompiledSteps]] = weakref.WeakKeyDictionary()
+
+
 class CompiledSteps:
     """``run(tokens, start, cache)`` -> logits [T, vocab]. T rows are padded up to the smallest of
     ``row_buckets`` that holds them and run compiled (padding rows write scratch slots past the
@@ -77,6 +81,7 @@ class CompiledSteps:
         self._compiled = torch.compile(_own_forward_static(model), dynamic=False, fullgraph=True) if enabled else None
         self._built: set[tuple[int, int]] = set()  # (rows, capacity) of the graphs built so far
         self.row_seconds: dict[int, float] = {}  # a call's time per row bucket, measured by prepare()
+        self.agreement: dict[int, bool] = {}  # rows_agree per capacity
 
     @property
     def enabled(self) -> bool:
@@ -87,10 +92,19 @@ class CompiledSteps:
     def max_rows(self) -> int:
         return self.row_buckets[-1]
 
+    @classmethod
+    def shared(cls, model: Transformer, row_buckets: tuple[int, ...]) -> CompiledSteps:
+        """One enabled CompiledSteps per (model, row buckets) in a process: engines and drafters on the
+        same weights share its graphs instead of compiling their own (seconds each)."""
+        per_model = _SHARED.setdefault(model, {})
+        if row_buckets not in per_model:
+            per_model[row_buckets] = cls(model, enabled=True, row_buckets=row_buckets)
+        return per_model[row_buckets]
+
     def prepare(self, cache: KVCache) -> None:
         """Build every graph for this cache now (each bucket once, writing scratch slots from 0
         on that the caller's prefill overwrites), so no compilation lands inside a request's decode."""
-        if not self.enabled:
+        if not self.enabled or all((rows, cache.capacity) in self._built for rows in self.row_buckets):
             return
         self.model.prepare_static(cache.capacity)
         with torch.inference_mode():
@@ -98,6 +112,12 @@ class CompiledSteps:
                 self.run([0] * rows, 0, cache)
             for rows in self.row_buckets:
                 self.row_seconds[rows] = self._time(rows, cache)
+
+    def rows_agree_cached(self, cache: KVCache) -> bool:
+        """``rows_agree`` once per capacity (the answer is a fact of the graphs)."""
+        if cache.capacity not in self.agreement:
+            self.agreement[cache.capacity] = self.rows_agree(cache)
+        return self.agreement[cache.capacity]
 
     def _time(self, rows: int, cache: KVCache, repeats: int = 5) -> float:
         """The median time of a ``rows``-row call (scratch slots from 0 on, as prepare writes)."""
