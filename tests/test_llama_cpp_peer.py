@@ -197,3 +197,17 @@ def test_bench_rows_for_llama_cpp_equal_our_greedy_output(tmp_path: Path) -> Non
         assert rows[name]["equals_plain"], name
         assert rows[name]["tokens_per_s"] > 0 and rows[name]["tokens"] == 2 * 32
     assert 0 < rows[LLAMA_CPP_DRAFT]["acceptance_rate"] <= 1
+
+
+def test_the_llama_cpp_ratios_compare_decode_rates_as_llama_cpp_times_itself() -> None:
+    """llama.cpp's rate excludes prompt processing, so the headline ratio uses our decode-only rate;
+    the wall-clock ratio (our prefill included) is kept beside it."""
+    from quickdraft.bench.harness import BASELINE, LLAMA_CPP_PLAIN, headline_figures
+
+    def row(method: str, family: str, tokens_per_s: float, decode: float | None) -> dict:
+        return {"method": method, "family": family, "exact": False, "decoding": "greedy", "speedup": 1.0,
+                "tokens_per_s": tokens_per_s, "decode_tokens_per_s": decode}
+
+    rows = [row(BASELINE, "plain", 100.0, 120.0), row(LLAMA_CPP_PLAIN, "llama-cpp-plain", 200.0, None)]
+    figures = headline_figures(rows)["plain_vs_llama_cpp_plain"]
+    assert figures["ratio"] == pytest.approx(0.6) and figures["ratio_wall"] == pytest.approx(0.5)

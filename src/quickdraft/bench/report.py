@@ -102,7 +102,9 @@ def headline_lines(h: dict[str, Any]) -> list[str]:
                         ("draft_vs_llama_cpp_speculative", "llama.cpp speculative"),
                         ("draft_exact_vs_llama_cpp_speculative", "llama.cpp speculative")):
         if key in h:
-            lines.append(f"- greedy: {h[key]['method']} / {theirs} tokens/s = **{h[key]['ratio']:.2f}×**")
+            wall = f" (with our prefill: {h[key]['ratio_wall']:.2f}×)" if "ratio_wall" in h[key] else ""
+            lines.append(f"- greedy: {h[key]['method']} / {theirs} tokens/s, decode only = "
+                         f"**{h[key]['ratio']:.2f}×**{wall}")
     return lines
 
 
