@@ -117,8 +117,7 @@ class Engine:
         else one bucket for every call, else eager steps."""
         if not isinstance(max_gamma, int) or max_gamma < 1:
             raise QuickdraftError(f"max_gamma must be an integer >= 1, got {max_gamma!r}")
-        if compile_target:
-            max_gamma = min(max_gamma, COMPILED_MAX_GAMMA)
+        max_gamma = engine_max_gamma(max_gamma, compile_target)
         self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype=dtype, device=device)
         self.model = self.target.model
         self.tokenizer = self.target.tokenizer
@@ -143,7 +142,6 @@ class Engine:
         buckets = row_buckets(max_gamma + 1) if self.drafter is not None else (1,)
         self.target_steps = CompiledSteps.shared(self.model, buckets) if compile_target else None
         self.eos_token_ids = frozenset(self.target.eos_token_ids)
-        self._prepared_capacities: set[int] = set()
         self._schedulers: dict[int, object] = {}
 
     @property
@@ -337,9 +335,10 @@ class Engine:
 
     def _new_target_cache(self, capacity: int) -> KVCache:
         cache = self.model.new_cache(capacity)
-        if self.target_steps is not None and capacity not in self._prepared_capacities:
-            self.target_steps.prepare(cache)  # graphs for this capacity, built before the request's clock starts
-            self._prepared_capacities.add(capacity)
+        if self.target_steps is not None:
+            # The graphs for this capacity, built before the request's clock starts (once: after that,
+            # preparing and the exact-mode probe are lookups).
+            self.target_steps.prepare(cache)
             if self.exact_rows:
                 self._keep_exact_target_steps(cache)
             cache.reset()
@@ -355,8 +354,8 @@ class Engine:
 
     def _keep_exact_target_steps(self, cache: KVCache) -> None:
         """Exact mode on compiled steps: every row bucket when the probe finds that each row gets the
-        same bits whatever bucket computes it (plain decoding then costs one row); else one bucket
-        of exact_rows rows for every call, when its rows agree; else eager steps."""
+        same bits whatever bucket computes it (plain decoding then costs one row); else the largest
+        bucket for every call, when its rows agree; else eager steps."""
         assert self.target_steps is not None and self.exact_rows is not None
         if self.target_steps.rows_agree_cached(cache):
             return
@@ -386,6 +385,11 @@ class Engine:
         x = torch.tensor([padded], device=self.device)
         logits = self.model(x, cache.length, cache, full_window=bool(pad_to))
         return logits[0, :n, : self.vocab_limit]
+
+
+def engine_max_gamma(max_gamma: int, compile_target: bool) -> int:
+    """The largest γ an engine runs: compiled target steps cap ``max_gamma`` at COMPILED_MAX_GAMMA."""
+    return min(max_gamma, COMPILED_MAX_GAMMA) if compile_target else max_gamma
 
 
 def row_buckets(max_rows: int) -> tuple[int, ...]:

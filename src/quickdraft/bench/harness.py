@@ -35,7 +35,7 @@ import torch
 from quickdraft.bench.llama_cpp import DRAFT_MAX, LlamaCpp, LlamaCppRun, same_output, token_bytes
 from quickdraft.drafters.base import Draft, DraftContext, Drafter
 from quickdraft.drafters.factory import make_drafter
-from quickdraft.engine import COMPILED_MAX_GAMMA, Engine, expected_speedup
+from quickdraft.engine import Engine, engine_max_gamma, expected_speedup
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.compiled import static_capacity
 from quickdraft.model.loader import LoadedModel, default_draft_dtype, dtype_name, load_model, parse_dtype
@@ -306,7 +306,7 @@ class Bench:
             method = Method(name, family, gamma, exact, temperature, rule)
             runs.append((method, OurRunner(engine(family, exact), method)))
 
-        max_gamma = min(s.max_gamma, COMPILED_MAX_GAMMA) if s.compile_target else s.max_gamma
+        max_gamma = engine_max_gamma(s.max_gamma, s.compile_target)
         too_big = sorted({g for g in (*s.gammas, *s.sampling_gammas) if g > max_gamma})
         if too_big:
             self.notes.append(f"γ {too_big} skipped: above max_gamma {max_gamma}"
@@ -452,8 +452,7 @@ class Bench:
         log.info("bench: %d configurations x %d prompts x %d rounds", len(runs), len(prompts), s.repeats)
 
         bar = _progress(len(runs) * (1 + s.repeats * len(prompts)), self.progress)
-        warmups = warmup_prompts(prompt_ids, s.max_new_tokens,
-                                 min(s.max_gamma, COMPILED_MAX_GAMMA) if s.compile_target else s.max_gamma)
+        warmups = warmup_prompts(prompt_ids, s.max_new_tokens, engine_max_gamma(s.max_gamma, s.compile_target))
         for method, runner in runs:  # warm-up: a full generation per cache size the rounds will use
             bar.set_description(f"warm-up {method.name}")
             for ids in warmups:

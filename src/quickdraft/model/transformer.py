@@ -99,24 +99,21 @@ class Attention(nn.Module):
         gqa = self.n_kv_head != self.n_head
         if keys is None or values is None:  # training: no cache, plain causal attention
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        elif isinstance(slots, torch.Tensor) and slots.dim() == 2:  # batched step: [batch, T] positions
+            rows = torch.arange(batch, device=slots.device)[:, None]
+            keys.transpose(1, 2)[rows, slots] = k.transpose(1, 2)
+            values.transpose(1, 2)[rows, slots] = v.transpose(1, 2)
+            assert mask is not None
+            window = mask.shape[-1]  # the step attends over cache slots [0, window)
+            y = _attend_window(q, keys[:, :, :window], values[:, :, :window], mask)
+        elif isinstance(slots, torch.Tensor):  # static-shape step: positions are data, not Python ints
+            keys.index_copy_(2, slots, k)
+            values.index_copy_(2, slots, v)
+            assert mask is not None
+            y = _attend_fused(q, keys, values, mask)
         else:
-            if isinstance(slots, torch.Tensor) and slots.dim() == 2:  # batched step: [batch, T] positions
-                rows = torch.arange(batch, device=slots.device)[:, None]
-                keys.transpose(1, 2)[rows, slots] = k.transpose(1, 2)
-                values.transpose(1, 2)[rows, slots] = v.transpose(1, 2)
-                assert mask is not None
-                window = mask.shape[-1]  # the step attends over cache slots [0, window)
-                y = _attend_window(q, keys[:, :, :window], values[:, :, :window], mask)
-                return self.out(y.transpose(1, 2).reshape(batch, t, -1))
-            if isinstance(slots, torch.Tensor):  # static-shape step: positions are data, not Python ints
-                keys.index_copy_(2, slots, k)
-                values.index_copy_(2, slots, v)
-                assert mask is not None
-                y = _attend_fused(q, keys, values, mask)
-                return self.out(y.transpose(1, 2).reshape(batch, t, -1))
-            else:
-                keys[:, :, slots] = k
-                values[:, :, slots] = v
+            keys[:, :, slots] = k
+            values[:, :, slots] = v
             y = F.scaled_dot_product_attention(
                 q, keys[:, :, :kv_len], values[:, :, :kv_len], attn_mask=mask, is_causal=mask is None and t > 1,
                 enable_gqa=gqa,
