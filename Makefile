@@ -21,11 +21,11 @@ demo: $(STAMP)
 
 # Two workers: the suite is CPU-bound and every test model uses one thread.
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
 # Skips the long statistical tests (chi-square over 20,000 samples per configuration).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -m "not slow"
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not slow"
 
 bench: $(STAMP)
 	$(BIN)/quickdraft bench

@@ -188,11 +188,11 @@ class ServerProcess:
     """``quickdraft serve`` in a subprocess on a free loopback port."""
 
     def __init__(self, target: str, drafter: str | None, *, max_queue: int, request_timeout_s: float,
-                 startup_timeout_s: float = 180.0, extra_args: tuple[str, ...] = ()) -> None:
+                 startup_timeout_s: float = 180.0, extra_args: tuple[str, ...] = (), model_name: str = "load") -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "quickdraft.cli", "serve", "--target", target, "--host", "127.0.0.1",
-               "--port", str(self.port), "--served-model-name", "load", "--max-queue", str(max_queue),
+               "--port", str(self.port), "--served-model-name", model_name, "--max-queue", str(max_queue),
                "--request-timeout", str(request_timeout_s), "--log-level", "warning"]
         if drafter:
             cmd += ["--drafter", drafter]
@@ -203,20 +203,31 @@ class ServerProcess:
     def __enter__(self) -> ServerProcess:
         import httpx
 
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # A file, not a pipe: nobody reads the server's log while it runs, and a full pipe would block it.
+        self._log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=self._log, text=True,
+                                     start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout_s
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited ({self.proc.returncode}): {self.proc.stderr.read()[-2000:]}")
+                raise RuntimeError(f"the server exited ({self.proc.returncode}): {self.log()[-2000:]}")
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                self.proc.kill()
-                raise RuntimeError(f"the server did not answer on {self.url} within {self.startup_timeout_s:.0f} s")
+                self.__exit__(None, None, None)
+                raise RuntimeError(f"the server did not answer on {self.url} within {self.startup_timeout_s:.0f} s: "
+                                   f"{self.log()[-2000:]}")
             time.sleep(0.25)
+
+    def log(self) -> str:
+        """What the server wrote to stderr so far."""
+        self._log.seek(0)
+        text = self._log.read()
+        self._log.seek(0, 2)
+        return text
 
     def rss(self) -> int | None:
         return _proc_status(self.proc.pid, "VmRSS") if self.proc else None
@@ -237,11 +248,11 @@ class ServerProcess:
 
     def __exit__(self, *exc_info) -> None:
         if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
+            self.proc.terminate()  # a Ray server then stops its replicas and its local Ray instance
             try:
-                self.proc.wait(15)
+                self.proc.wait(60)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                os.killpg(self.proc.pid, 9)
                 self.proc.wait()
 
 

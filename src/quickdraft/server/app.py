@@ -249,6 +249,11 @@ class EngineWorker:
         """The γ the last batched step chose for its auto-γ sequences."""
         return self.scheduler.last_gamma if self.scheduler is not None else 0
 
+    @property
+    def alive(self) -> bool:
+        """Whether the engine thread is running (it starts with the app, or with the first request)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def start(self) -> None:
         with self._lock:
             if self._thread is None or not self._thread.is_alive():

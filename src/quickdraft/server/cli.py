@@ -30,6 +30,19 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-body-bytes", type=_positive_int, default=4 * 1024 * 1024,
                         help="largest request body accepted (default 4 MiB)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    ray_group = parser.add_argument_group(
+        "Ray Serve (scale out; needs pip install 'quickdraft[ray]')",
+        "Any of these serves the same routes from engine replicas on Ray Serve; --threads is then per replica "
+        "(default: the cores shared evenly).")
+    ray_group.add_argument("--replicas", type=_positive_int,
+                           help="engine replicas, each with its own engine (the initial count when autoscaling)")
+    ray_group.add_argument("--min-replicas", type=_non_negative_int,
+                           help="autoscale between --min-replicas and --max-replicas on requests in flight")
+    ray_group.add_argument("--max-replicas", type=_positive_int, help="see --min-replicas")
+    ray_group.add_argument("--ray-address", help="an existing Ray cluster (e.g. 'auto' or ray://head:10001) "
+                           "instead of a local instance started for this server")
+    ray_group.add_argument("--health-check-period", type=_positive_float, default=5.0,
+                           help="seconds between Ray Serve's health checks of each replica (default 5)")
     parser.set_defaults(func=cmd_serve, default_draft=True, compile_drafter=True)
 
 
@@ -40,6 +53,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
     return value
 
 
@@ -71,7 +94,14 @@ def warm_up(engine, max_batch: int = 1) -> None:
         log.warning("warm-up generation failed: %s", exc)
 
 
+def uses_ray(args: argparse.Namespace) -> bool:
+    return any(getattr(args, name, None) is not None
+               for name in ("replicas", "min_replicas", "max_replicas", "ray_address"))
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    if uses_ray(args):
+        return _serve_on_ray(args)
     try:
         import uvicorn
 
@@ -90,6 +120,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"http://{args.host}:{args.port}/v1", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
+
+
+def _serve_on_ray(args: argparse.Namespace) -> int:
+    try:
+        from quickdraft.server.ray_serve import cmd_serve_ray
+    except ModuleNotFoundError as exc:
+        raise QuickdraftError(f"serving on Ray needs {exc.name}: pip install 'quickdraft[ray]'") from None
+    if args.min_replicas is not None and args.max_replicas is not None and args.max_replicas < args.min_replicas:
+        raise QuickdraftError(f"--max-replicas ({args.max_replicas}) is below --min-replicas ({args.min_replicas})")
+    return cmd_serve_ray(args, served_model_name(args))
 
 
 class BackgroundServer:

@@ -32,7 +32,15 @@ HELP = {
     "running_requests": ("gauge", "Requests the engine is generating for."),
     "batch_size": ("gauge", "Sequences in the last batched step."),
     "step_gamma": ("gauge", "Draft length the last batched step chose for its auto-γ sequences (0: plain)."),
+    # Ray Serve deployments only (server/ray_serve.py): the router's own series.
+    "replicas": ("gauge", "Engine replicas by Ray Serve state."),
+    "requests_retried_total": ("counter", "Requests sent to another replica because theirs died before answering."),
+    "replicas_lost_mid_response_total": ("counter", "Responses cut short because their replica died mid-stream."),
 }
+ROUTER_ONLY = frozenset({"replicas", "requests_retried_total", "replicas_lost_mid_response_total"})
+
+# name -> labels -> value: counters and gauges alike, as read at one moment (picklable).
+Snapshot = dict[str, dict[tuple[tuple[str, str], ...], float]]
 
 
 def _labels(labels: tuple[tuple[str, str], ...]) -> str:
@@ -92,24 +100,60 @@ class Metrics:
             for position, accepted in enumerate(stats.accepted_per_position):
                 add("num_accepted_tokens_per_pos_total", accepted, (("position", str(position)),))
 
+    def snapshot(self) -> Snapshot:
+        """Every series' value now, gauges read; a counter never counted is there without series."""
+        values: Snapshot = {name: {} for name, (kind, _) in HELP.items()
+                            if kind == "counter" and name not in ROUTER_ONLY}
+        with self._lock:
+            values.update({name: dict(series) for name, series in self._values.items()})
+        for name, read in self._gauges.items():
+            values[name] = {(): read()}
+        return values
+
     def render(self) -> str:
         """The Prometheus text exposition format (version 0.0.4)."""
-        lines: list[str] = []
-        with self._lock:
-            snapshot = {name: dict(series) for name, series in self._values.items()}
-        gauges = {name: read() for name, read in self._gauges.items()}
-        for name, (kind, help_text) in HELP.items():
-            full = PREFIX + name
-            if kind == "gauge":
-                if name not in gauges:
-                    continue
-                series = {(): gauges[name]}
-            else:
-                series = snapshot.get(name, {})
-            lines.append(f"# HELP {full} {help_text}")
-            lines.append(f"# TYPE {full} {kind}")
-            for key in sorted(series):
-                value = series[key]
-                text = str(int(value)) if float(value).is_integer() else repr(float(value))
-                lines.append(f"{full}{_labels(key)} {text}")
-        return "\n".join(lines) + "\n"
+        return render_snapshot(self.snapshot())
+
+
+def merge_snapshots(snapshots: list[Snapshot]) -> Snapshot:
+    """Series summed across snapshots, label by label (counters and gauges alike)."""
+    merged: Snapshot = {}
+    for snapshot in snapshots:
+        for name, series in snapshot.items():
+            merged.setdefault(name, {})
+            for key, value in series.items():
+                merged[name][key] = merged[name].get(key, 0) + value
+    return merged
+
+
+def render_snapshot(snapshot: Snapshot, family_prefix: str = PREFIX) -> str:
+    """``snapshot`` in the Prometheus text format (version 0.0.4), families named ``family_prefix + name``."""
+    lines: list[str] = []
+    for name, (kind, help_text) in HELP.items():
+        if name not in snapshot:
+            continue
+        full = family_prefix + name
+        lines.append(f"# HELP {full} {help_text}")
+        lines.append(f"# TYPE {full} {kind}")
+        series = snapshot[name]
+        for key in sorted(series):
+            lines.append(f"{full}{_labels(key)} {_number(series[key])}")
+    return "\n".join(lines) + "\n"
+
+
+def render_replicas(router: Snapshot, replicas: dict[str, Snapshot]) -> str:
+    """The /metrics of a replicated deployment: each ``quickdraft_*`` series summed over the live
+    replicas (plus the router's own series), then every replica's series under
+    ``quickdraft_replica_*`` with a ``replica`` label. Sum the first family or the second, never both."""
+    total = merge_snapshots([router, *replicas.values()])
+    per_replica: Snapshot = {}
+    for replica_id, snapshot in sorted(replicas.items()):
+        for name, series in snapshot.items():
+            per_replica.setdefault(name, {})
+            for key, value in series.items():
+                per_replica[name][tuple(sorted((*key, ("replica", replica_id))))] = value
+    return render_snapshot(total) + render_snapshot(per_replica, PREFIX + "replica_")
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))

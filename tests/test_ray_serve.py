@@ -1,0 +1,185 @@
+"""``quickdraft serve --replicas 2`` on a local Ray instance, through the official `openai` client:
+the same answers as single-process serving, health and metrics for every replica, and a replica
+killed mid-run that loses no request that had not started streaming."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("ray.serve")
+openai = pytest.importorskip("openai")
+
+# One worker runs this module (make test uses --dist loadgroup): one Ray instance at a time.
+pytestmark = pytest.mark.xdist_group("ray")
+
+from quickdraft.bench.load import ServerProcess  # noqa: E402
+from quickdraft.cli import build_engine, build_parser  # noqa: E402
+from quickdraft.server.app import create_app  # noqa: E402
+from quickdraft.server.cli import BackgroundServer  # noqa: E402
+
+MODEL = "quickdraft"
+PROMPTS = ["def fibonacci(n):\n", "import os\n\n\ndef list_files(root):\n", "class Stack:\n    def push(self, item):\n",
+           "for i in range(10):\n    print(", "def parse_args(argv=None):\n", "x = [1, 2, 3]\n"]
+LONG = 160  # tokens: long enough that a kill lands mid-generation
+
+
+# The embedded pair, 1 thread, eager steps (a replica that restarts is back in seconds).
+ENGINE_FLAGS = ("--threads", "1", "--no-compile-drafter", "--max-batch", "4")
+
+
+@pytest.fixture(scope="module")
+def ray_server():
+    """The server under test. Its teardown checks that SIGTERM (what service managers send) stops it
+    and leaves no process of its local Ray instance behind."""
+    args = ("--replicas", "2", *ENGINE_FLAGS, "--health-check-period", "2")
+    server = ServerProcess("embedded", None, max_queue=64, request_timeout_s=120, startup_timeout_s=300,
+                           extra_args=args, model_name=MODEL)
+    with server:
+        # Ray's daemons and the replicas' workers all live in the session the server leads.
+        assert len(_session(server.proc.pid)) > 5
+        yield server
+    assert server.proc.returncode == 0, server.log()[-2000:]
+    deadline = time.monotonic() + 30
+    while (left := _session(server.proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left == [], "processes of the server's Ray instance outlived it"
+
+
+@pytest.fixture(scope="module")
+def single_process():
+    """Single-process `quickdraft serve` with the same flags: the answers replicas must reproduce."""
+    args = build_parser().parse_args(["serve", "--target", "embedded", *ENGINE_FLAGS])
+    engine = build_engine(args)
+    with BackgroundServer(create_app(engine, model_name=MODEL, max_batch=args.max_batch)) as server:
+        yield server
+
+
+def client_for(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def wait_for_healthy(url: str, count: int, timeout_s: float = 120, excluding_pid: int | None = None) -> dict:
+    """/health once ``count`` replicas answer it (the router learns of new replicas within seconds)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        health = httpx.get(url + "/health", timeout=30).json()
+        each = health["replicas"]["each"]
+        if health["replicas"]["healthy"] == count and excluding_pid not in {r["pid"] for r in each}:
+            return health
+        assert time.monotonic() < deadline, f"not {count} healthy replicas after {timeout_s:.0f} s: {health}"
+        time.sleep(1)
+
+
+def test_replicas_answer_completions_chat_and_streams_as_single_process_serve(ray_server, single_process):
+    ray, alone = client_for(ray_server.url), client_for(single_process.url)
+    for prompt in PROMPTS[:3]:
+        got = ray.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
+        want = alone.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
+        assert got.choices[0].text == want.choices[0].text
+        assert got.model_extra["speculative"]["drafter"] == "draft-model"
+    messages = [{"role": "user", "content": "Write a function that adds two numbers."}]
+    got = ray.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0)
+    want = alone.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0)
+    assert got.choices[0].message.content == want.choices[0].message.content
+    chunks = list(ray.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0,
+                                              stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_health_and_metrics_speak_for_every_replica(ray_server):
+    client = client_for(ray_server.url)
+    for prompt in PROMPTS[:4]:
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
+    health = wait_for_healthy(ray_server.url, 2)
+    assert health["status"] == "ok"
+    assert health["replicas"]["ray_states"] == {"RUNNING": 2}
+    assert len({r["pid"] for r in health["replicas"]["each"]}) == 2
+    text = httpx.get(ray_server.url + "/metrics", timeout=30).text
+    total = _value(text, "quickdraft_generation_tokens_total")
+    each = [float(line.split()[-1]) for line in text.splitlines()
+            if line.startswith("quickdraft_replica_generation_tokens_total{")]
+    assert len(each) == 2 and total == sum(each) > 0
+
+
+def test_a_killed_replica_loses_no_request_that_had_not_started_streaming(ray_server, single_process):
+    alone = client_for(single_process.url)
+    expected = {p: alone.completions.create(model=MODEL, prompt=p, max_tokens=LONG, temperature=0).choices[0].text
+                for p in PROMPTS}
+    ray = client_for(ray_server.url)
+    victim = wait_for_healthy(ray_server.url, 2)["replicas"]["each"][0]["pid"]
+
+    def whole(prompt: str) -> str:
+        return ray.completions.create(model=MODEL, prompt=prompt, max_tokens=LONG, temperature=0).choices[0].text
+
+    def streamed(prompt: str) -> str:
+        text = ""
+        try:
+            for chunk in ray.completions.create(model=MODEL, prompt=prompt, max_tokens=LONG, temperature=0,
+                                                stream=True):
+                text += chunk.choices[0].text if chunk.choices else ""
+        except openai.APIError as exc:  # the replica died after this stream began: a clear error, not a hang
+            assert "replica" in str(exc), exc
+            return "cut:" + text
+        return text
+
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS) + 2) as pool:
+        whole_runs = {p: pool.submit(whole, p) for p in PROMPTS}
+        stream_runs = {p: pool.submit(streamed, p) for p in PROMPTS[:2]}
+        time.sleep(1.0)  # every request is running or queued on a replica
+        os.kill(victim, signal.SIGKILL)
+        for prompt, run in whole_runs.items():
+            assert run.result(timeout=180) == expected[prompt]  # nothing had been sent: retried elsewhere
+        for prompt, run in stream_runs.items():
+            text = run.result(timeout=180)
+            if text.startswith("cut:"):
+                assert expected[prompt].startswith(text.removeprefix("cut:"))
+            else:
+                assert text == expected[prompt]
+
+    assert whole(PROMPTS[0]) == expected[PROMPTS[0]]  # the next requests succeed
+    wait_for_healthy(ray_server.url, 2, excluding_pid=victim)  # and Ray brings the replica back
+    text = httpx.get(ray_server.url + "/metrics", timeout=30).text
+    assert _value(text, "quickdraft_requests_retried_total") + _value(
+        text, "quickdraft_replicas_lost_mid_response_total") >= 1  # the kill did hit requests in flight
+
+
+def test_serve_config_builder_takes_the_cli_flags():
+    """What `serve run ...:app_builder replicas=2 threads=1` and a KubeRay RayService deploy."""
+    from quickdraft.server.ray_serve import app_builder
+
+    router = app_builder({"replicas": "3", "threads": "2", "no_compile_drafter": "true", "max_batch": "8"})
+    engine = router._bound_deployment.init_args[0]._bound_deployment
+    assert engine.num_replicas == 3 and engine.ray_actor_options == {"num_cpus": 2}
+    assert engine.max_ongoing_requests == 8
+    engine_args = engine.init_args[0]
+    assert engine_args["threads"] == 2 and engine_args["compile_drafter"] is False
+    autoscaled = app_builder({"min_replicas": "1", "max_replicas": "4"})._bound_deployment.init_args[0]
+    scaling = autoscaled._bound_deployment._deployment_config.autoscaling_config
+    assert (scaling.min_replicas, scaling.max_replicas) == (1, 4)
+
+
+def _value(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def _session(pid: int) -> list[int]:
+    """The live processes of the session ``pid`` leads (ServerProcess starts the server in a new one)."""
+    alive = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getsid(int(entry)) == pid:
+                    alive.append(int(entry))
+            except ProcessLookupError:
+                pass
+    return alive
