@@ -166,3 +166,18 @@ def test_single_process_serve_does_not_import_ray():
             "print(any(m == 'ray' or m.startswith('ray.') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_body_chunks_already_waiting_travel_together_in_order():
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for piece in (b"a", b"b", b"c"):  # sent without yielding: all three wait together
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b"d", "more_body": False})
+
+    async def main():
+        return [m async for m in run_asgi(app, relayed("GET", "/"))]
+
+    messages = asyncio.run(main())
+    assert [m["type"] for m in messages] == ["http.response.start", "http.response.body"]
+    assert messages[1] == {"type": "http.response.body", "body": b"abcd", "more_body": False}

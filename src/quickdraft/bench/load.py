@@ -3,6 +3,7 @@
     python -m quickdraft.bench.load                    # 32 clients, 60 s, the embedded pair
     python -m quickdraft.bench.load --clients 8 --duration 10 --json load.json
     python -m quickdraft.bench.load --sweep 1,4,8,16,32 --duration 20 --out load-sweep   # batched vs plain vs one at a time
+    python -m quickdraft.bench.load --replica-sweep 1,2 --sweep 1,8 --threads 1   # single process vs Ray Serve replicas
 
 The server runs as a subprocess on 127.0.0.1 (so its memory is its own), on the embedded model pair
 when it is installed, else on a small random pair built on the fly (said so in the report). Every
@@ -341,7 +342,7 @@ def make_bodies(text: bool, max_tokens: int, vocab_size: int = 512, gamma: int |
 def run_load(clients: int = 32, duration_s: float = 60.0, max_tokens: int = 32, target: str | None = None,
              drafter: str | None = None, drain_timeout_s: float = 240.0, warmup_requests: int = 2,
              max_batch: int | None = None, gamma: int | str | None = None, threads: int | None = None,
-             config: str = "default") -> LoadReport:
+             config: str = "default", replicas: int | None = None) -> LoadReport:
     if clients < 1 or duration_s <= 0 or max_tokens < 1:
         raise ValueError("clients, duration and max_tokens must be positive")
     extra_args: tuple[str, ...] = ()
@@ -349,6 +350,8 @@ def run_load(clients: int = 32, duration_s: float = 60.0, max_tokens: int = 32, 
         extra_args += ("--max-batch", str(max_batch))
     if threads is not None:
         extra_args += ("--threads", str(threads))
+    if replicas is not None:
+        extra_args += ("--replicas", str(replicas))
     with tempfile.TemporaryDirectory(prefix="quickdraft-load-") as tmp:
         target, drafter, random_model, text = choose_models(target, drafter, Path(tmp))
         bodies = make_bodies(text, max_tokens, gamma=gamma)
@@ -523,6 +526,48 @@ def _plot_sweep(reports: list[LoadReport], path: Path) -> None:
     plt.close(fig)
 
 
+def replica_config(replicas: int | None) -> str:
+    return "single process" if replicas is None else f"Ray Serve, {replicas} replica{'s' if replicas > 1 else ''}"
+
+
+def run_replica_sweep(levels: list[int], replica_counts: list[int], duration_s: float, max_tokens: int,
+                      target: str | None, drafter: str | None, threads: int, out: Path) -> list[LoadReport]:
+    """Single-process serving, then Ray Serve with each replica count (``threads`` per engine), at
+    each concurrency level: aggregate throughput and the latency Ray's hops add."""
+    reports = []
+    for replicas in [None, *replica_counts]:
+        for clients in levels:
+            config = replica_config(replicas)
+            print(f"replica sweep: {config}, {clients} clients", file=sys.stderr, flush=True)
+            reports.append(run_load(clients, duration_s, max_tokens, target, drafter, threads=threads,
+                                    config=config, replicas=replicas))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "replica_sweep.json").write_text(json.dumps([asdict(r) for r in reports], indent=2))
+    (out / "replica_sweep.md").write_text("\n".join(replica_table(reports)) + "\n")
+    return reports
+
+
+def replica_table(reports: list[LoadReport]) -> list[str]:
+    by = {(r.config, r.clients): r for r in reports}
+    ms = lambda v: "–" if v is None else f"{v * 1000:.0f} ms"  # noqa: E731
+    lines = ["| clients | configuration | tokens/s | vs single process | TTFT p50 | latency p50 | latency p99 | "
+             "requests | failed |", "|---|---|---|---|---|---|---|---|---|"]
+    for (config, clients), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[1].config != "single process",
+                                                                    kv[0][0])):
+        base = by.get(("single process", clients))
+        ratio = f"{r.tokens_per_s / base.tokens_per_s:.2f}×" if base and base.tokens_per_s else "–"
+        lines.append(f"| {clients} | {config} | {r.tokens_per_s:.1f} | {ratio} | {ms(r.ttft_p50_s)} | "
+                     f"{ms(r.latency_p50_s)} | {ms(r.latency_p99_s)} | {r.requests} | {r.failed} |")
+    single = by.get(("single process", 1))
+    for r in reports:
+        if r.clients == 1 and r.config != "single process" and single and single.latency_p50_s and r.latency_p50_s:
+            lines.append(f"\nPer-request overhead of {r.config} at 1 client: "
+                         f"{(r.latency_p50_s - single.latency_p50_s) * 1000:+.0f} ms p50 latency, "
+                         f"{((r.ttft_p50_s or 0) - (single.ttft_p50_s or 0)) * 1000:+.0f} ms p50 time to first token "
+                         f"({r.max_tokens} streamed tokens a request).")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m quickdraft.bench.load", description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, default=32)
@@ -538,7 +583,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, help="the server's torch threads")
     parser.add_argument("--sweep", help="concurrency levels, e.g. 1,4,8,16,32: every configuration at each")
     parser.add_argument("--out", type=Path, default=Path("load-sweep"), help="the sweep's output directory")
+    parser.add_argument("--replicas", type=int, help="serve on Ray Serve with this many replicas")
+    parser.add_argument("--replica-sweep", metavar="COUNTS",
+                        help="e.g. 1,2: single-process serving, then Ray Serve with each replica count, at each "
+                             "--sweep level (default 1,8), --threads per engine (default 1)")
     args = parser.parse_args(argv)
+    if args.replica_sweep:
+        levels = [int(c) for c in (args.sweep or "1,8").split(",")]
+        reports = run_replica_sweep(levels, [int(c) for c in args.replica_sweep.split(",")], args.duration,
+                                    args.max_tokens, args.target, args.drafter, args.threads or 1, args.out)
+        print("\n".join(replica_table(reports)))
+        return 0 if all(r.failed == 0 and r.unfinished == 0 for r in reports) else 1
     if args.sweep:
         reports = run_sweep([int(c) for c in args.sweep.split(",")], args.duration, args.max_tokens, args.target,
                             args.drafter, args.threads, args.out)
@@ -546,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if all(r.failed == 0 and r.unfinished == 0 for r in reports) else 1
     gamma = None if args.gamma is None else (args.gamma if args.gamma == "auto" else int(args.gamma))
     report = run_load(args.clients, args.duration, args.max_tokens, args.target, args.drafter, args.drain_timeout,
-                      max_batch=args.max_batch, gamma=gamma, threads=args.threads)
+                      max_batch=args.max_batch, gamma=gamma, threads=args.threads, replicas=args.replicas)
     for line in report.lines():
         print(line)
     if args.json:

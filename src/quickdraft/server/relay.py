@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +55,8 @@ async def run_asgi(app: Callable[..., Awaitable[None]], request: RelayedRequest)
         "query_string": request.query_string, "root_path": "", "headers": [tuple(h) for h in request.headers],
         "client": ("relay", 0), "server": ("replica", 0),
     }
-    outbox: asyncio.Queue[Message | None] = asyncio.Queue()
+    outbox: deque[Message | None] = deque()  # None: the app returned
+    sent = asyncio.Event()  # set while the outbox holds something
     disconnected = asyncio.Event()
     body_delivered = False
 
@@ -66,19 +68,28 @@ async def run_asgi(app: Callable[..., Awaitable[None]], request: RelayedRequest)
         await disconnected.wait()
         return {"type": "http.disconnect"}
 
+    def post(message: Message | None) -> None:
+        outbox.append(message)
+        sent.set()
+
     async def send(message: Message) -> None:
         if disconnected.is_set():
             raise OSError("the client disconnected")
-        await outbox.put(message)
+        post(message)
 
     task = asyncio.create_task(app(scope, receive, send))
-    task.add_done_callback(lambda _: outbox.put_nowait(None))
+    task.add_done_callback(lambda _: post(None))
     try:
         while True:
-            message = await outbox.get()
+            await sent.wait()
+            message = outbox.popleft()
             if message is None:
                 task.result()  # the app's own exception, if it raised one
                 return
+            if message["type"] == "http.response.body":
+                message = _merge_waiting_bodies(message, outbox)
+            if not outbox:
+                sent.clear()
             yield message
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 return
@@ -91,6 +102,19 @@ async def run_asgi(app: Callable[..., Awaitable[None]], request: RelayedRequest)
                 task.cancel()
         elif not task.cancelled():
             task.exception()  # retrieved: an app that failed to send to a departed client is no error
+
+
+def _merge_waiting_bodies(message: Message, outbox: deque[Message | None]) -> Message:
+    """``message`` with the body chunks already waiting behind it: under load, one transfer carries
+    several tokens instead of one each. Waits for nothing."""
+    body, more = [message.get("body", b"")], message.get("more_body", False)
+    while more and outbox and outbox[0] is not None and outbox[0]["type"] == "http.response.body":
+        following = outbox.popleft()
+        body.append(following.get("body", b""))
+        more = following.get("more_body", False)
+    if len(body) == 1:
+        return message
+    return {"type": "http.response.body", "body": b"".join(body), "more_body": more}
 
 
 OpenStream = Callable[[RelayedRequest], AsyncIterator[Message]]
