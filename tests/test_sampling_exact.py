@@ -5,8 +5,11 @@ verification rules (rejection sampling, and the coupled rule of quickdraft/rando
 The twelve (temperature, top-k, top-p, γ) configurations use a 0-layer target and draft (embedding,
 final norm, LM head: each a bigram model with its own distribution), because 20,000 samples per
 configuration must fit in the suite: that keeps the whole loop (drafting, acceptance, residual,
-bonus token, commit) and cuts each forward to a few ops. The multi-layer path (cache, positions,
-prefill) is covered by a 2-layer target with a draft model, early exit and prompt lookup."""
+bonus token, commit) and cuts each forward to a few ops. All twelve run as ONE batch through the
+continuous-batching scheduler (the server's path), their requests interleaved so that every step
+mixes configurations; two of them also run through the single-sequence loop (``Engine.stream``),
+20,000 separate requests each. The multi-layer single-sequence path (cache, positions, prefill) is
+covered by a 2-layer target with a draft model, early exit and prompt lookup."""
 
 from __future__ import annotations
 
@@ -38,6 +41,9 @@ CONFIGS = [
     (0.5, 0, 0.8, 6, "coupled"), (1.0, 0, 0.8, 1, "rejection"), (1.5, 0, 0.8, 3, "coupled"),
     (0.5, 5, 0.8, 1, "rejection"), (1.0, 5, 0.8, 3, "coupled"), (1.5, 5, 0.8, 6, "rejection"),
 ]
+# Also through the single-sequence loop: one per rule, top-k and top-p both on.
+SINGLE_SEQUENCE_CONFIGS = [(1.0, 5, 0.8, 3, "coupled"), (0.5, 5, 0.8, 1, "rejection")]
+BATCH = 256  # sequences per step in the batched run
 
 
 def tiny_vocab_pair(root, layers: int):
@@ -115,7 +121,30 @@ def fit_p_values(samples: np.ndarray, joint: np.ndarray) -> dict[str, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("temperature,top_k,top_p,gamma,rule", CONFIGS)
+def test_batched_speculative_sampling_matches_target_distribution_in_every_configuration(bigram_pair):
+    target, draft = bigram_pair
+    engine = Engine(target, draft, exact=False)
+    scheduler = engine.batch_scheduler(BATCH)
+    requests = {config: [] for config in CONFIGS}
+    for i in range(N_SAMPLES):
+        for config in CONFIGS:
+            temperature, top_k, top_p, gamma, rule = config
+            sampling = SamplingParams(temperature, top_k, top_p, seed=i, rule=rule)
+            # max_new_tokens leaves room for a full draft of gamma in the first step
+            requests[config].append(scheduler.submit(PROMPT, 3 + gamma, sampling, gamma))
+    results = {id(request): event.result for request, event in scheduler.run() if event.result is not None}
+    failures = {}
+    for config, submitted in requests.items():
+        samples = np.array([results[id(r)].token_ids[:3] for r in submitted])
+        temperature, top_k, top_p, _, rule = config
+        p_values = fit_p_values(samples, exact_joint(target, SamplingParams(temperature, top_k, top_p, rule=rule)))
+        if min(p_values.values()) <= ALPHA:
+            failures[config] = p_values
+    assert not failures, failures
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature,top_k,top_p,gamma,rule", SINGLE_SEQUENCE_CONFIGS)
 def test_speculative_sampling_matches_target_distribution(bigram_pair, temperature, top_k, top_p, gamma, rule):
     target, draft = bigram_pair
     params = SamplingParams(temperature, top_k, top_p, rule=rule)

@@ -1,9 +1,10 @@
 """Continuous batching with speculation: up to ``max_batch`` sequences advance together.
 
 One ``step()``:
-1. admit waiting requests into free slots; prefill one chunk of one admitted prompt (prefill is
-   *interleaved*: at most ``prefill_chunk`` prompt tokens per step, so a long prompt delays the
-   running sequences by one chunk's forward per step, never by its whole prefill);
+1. admit waiting requests into free slots; prefill admitted prompts, in order, up to
+   ``prefill_chunk`` prompt tokens in all (prefill is *interleaved*: a long prompt delays the
+   running sequences by one chunk's forward per step, never by its whole prefill, while a burst
+   of short prompts all start decoding at the next step);
 2. drop cancelled requests;
 3. choose the step's γ (goodput: expected committed tokens per second of the batch, from each
    sequence's acceptance estimate and the measured cost of the [S, R] verify and of a draft step);
@@ -165,7 +166,7 @@ class BatchScheduler:
         events: list[tuple[BatchRequest, StreamEvent]] = []
         with torch.inference_mode():
             self._admit()
-            self._prefill_one_chunk()
+            self._prefill_some()
             for request in [r for r in self.active if r.cancelled is not None and r.cancelled()]:
                 request.output.cancel()
                 self._finish(request, events)
@@ -193,15 +194,21 @@ class BatchScheduler:
             request.slot = len(self.active)
             self.active.append(request)
 
-    def _prefill_one_chunk(self) -> None:
-        request = next((r for r in self.active if not r.ready), None)
-        if request is None:
-            return
+    def _prefill_some(self) -> None:
+        """Prefill admitted prompts in admission order until ``prefill_chunk`` tokens are spent."""
+        budget = self.prefill_chunk
+        for request in [r for r in self.active if not r.ready]:
+            if budget <= 0:
+                break
+            budget -= max(1, self._prefill(request, budget))
+
+    def _prefill(self, request: BatchRequest, limit: int) -> int:
+        """Up to ``limit`` more tokens of ``request``'s prompt into its cache; returns how many."""
         assert request.slot is not None
         start = time.perf_counter()
         body = request.prompt_ids[:-1]  # the last prompt token is fed with the first draft
-        if request.prefilled < len(body):
-            chunk = body[request.prefilled: request.prefilled + self.prefill_chunk]
+        chunk = body[request.prefilled: request.prefilled + limit]
+        if chunk:
             self.model(torch.tensor([chunk]), request.prefilled, self.cache.entry(request.slot))
             request.prefilled += len(chunk)
         if request.prefilled >= len(body):
@@ -209,6 +216,7 @@ class BatchScheduler:
                 self.drafter.begin(request.slot, request.prompt_ids)
             request.ready = True
         request.stats.prefill_seconds += time.perf_counter() - start
+        return len(chunk)
 
     # ---- one decode step ------------------------------------------------------------------------
     def _shape(self, rows: int, needed: int) -> tuple[int, int, int]:
