@@ -183,3 +183,15 @@ def _session(pid: int) -> list[int]:
             except ProcessLookupError:
                 pass
     return alive
+
+
+def test_a_missing_model_fails_before_ray_starts(tmp_path):
+    import subprocess
+    import sys
+
+    missing = str(tmp_path / "no-such-model")
+    run = subprocess.run([sys.executable, "-m", "quickdraft.cli", "serve", "--replicas", "2", "--target", missing],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert "not found" in run.stderr and "Traceback" not in run.stderr
+    assert "Ray" not in run.stderr  # no instance was started

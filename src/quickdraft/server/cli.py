@@ -129,7 +129,23 @@ def _serve_on_ray(args: argparse.Namespace) -> int:
         raise QuickdraftError(f"serving on Ray needs {exc.name}: pip install 'quickdraft[ray]'") from None
     if args.min_replicas is not None and args.max_replicas is not None and args.max_replicas < args.min_replicas:
         raise QuickdraftError(f"--max-replicas ({args.max_replicas}) is below --min-replicas ({args.min_replicas})")
+    if not args.ray_address:
+        _check_models_exist(args)
     return cmd_serve_ray(args, served_model_name(args))
+
+
+def _check_models_exist(args: argparse.Namespace) -> None:
+    """Fail in seconds on a model that is not there, rather than after Ray Serve has retried each
+    replica's constructor. (Skipped for a remote cluster, whose nodes may hold paths this one lacks.)"""
+    from pathlib import Path
+
+    from quickdraft.cli import resolve_target_and_drafter
+    from quickdraft.model.weights import resolve_model_dir
+
+    target, drafter = resolve_target_and_drafter(args)
+    resolve_model_dir(target)
+    if drafter and (Path(drafter).expanduser().is_dir() or drafter.count("/") == 1):
+        resolve_model_dir(drafter)
 
 
 class BackgroundServer:

@@ -33,6 +33,7 @@ from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
+from quickdraft.errors import QuickdraftError
 from quickdraft.server.metrics import Metrics, render_replicas
 from quickdraft.server.relay import RelayedRequest, RelayRouter, ReplicaLost, run_asgi
 
@@ -232,7 +233,14 @@ def cmd_serve_ray(args: argparse.Namespace, model_name: str) -> int:
     """Deploy on Ray Serve, print the endpoint, and keep it up until interrupted."""
     started_ray = False
     if args.ray_address:
-        ray.init(address=args.ray_address, namespace="quickdraft", log_to_driver=False)
+        try:
+            ray.init(address=args.ray_address, namespace="quickdraft", log_to_driver=False)
+        except (ConnectionError, RuntimeError) as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise QuickdraftError(
+                f"could not connect to the Ray cluster at {args.ray_address}: {reason}. A cluster started with token "
+                f"authentication (the default of `ray start` in recent Ray) also needs RAY_AUTH_MODE=token here, "
+                f"with its token in ~/.ray/auth_token or $RAY_AUTH_TOKEN") from None
     else:
         # A local instance's processes inherit these. Ray Serve's 5 s proxy ready check fails on a
         # loaded 2-core machine, and there is nowhere to send usage statistics.
