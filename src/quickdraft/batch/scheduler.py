@@ -60,7 +60,7 @@ COST_DECAY = 0.8
 DRAFT_COST_PRIOR = 0.3  # a draft step's cost relative to a plain target step, until measured
 
 
-@dataclass
+@dataclass(eq=False)  # a request is itself: membership tests compare identity, not every field
 class BatchRequest:
     prompt_ids: list[int]
     max_new_tokens: int
@@ -181,7 +181,7 @@ class BatchScheduler:
 
     def cancel(self, request: BatchRequest) -> None:
         """Withdraw a request: a waiting one leaves the queue, a running one at the next step."""
-        if request in self.waiting:
+        if request.slot is None and request in self.waiting:
             self.waiting.remove(request)
             request.output.cancel()
         else:
