@@ -61,7 +61,7 @@ class EngineReplica:
         self.state.worker.start()
         try:
             self.replica_id = serve.get_replica_context().replica_id.unique_id
-        except Exception:  # outside a replica (tests that build one directly)
+        except Exception:  # constructed outside Ray Serve
             self.replica_id = f"pid-{os.getpid()}"
 
     async def http(self, request: RelayedRequest) -> AsyncIterator[dict[str, Any]]:
