@@ -75,19 +75,19 @@ class _ModelDrafter(BatchDrafter):
         drafts = {r.slot: Draft([], None) for r in requests}
         if not active:
             return [drafts[r.slot] for r in requests]
-        first = {r.slot: self._first_rows(r) for r in active}
-        width = max(len(rows) for rows, _ in first.values())
+        # Tensors are built from Python lists in one call each: per-slot writes cost more than the
+        # forward of a small drafter at a few hundred slots.
+        first = [self._first_rows(r) for r in active]
+        width = max(len(rows) for rows, _ in first)
+        index = torch.tensor([r.slot for r in active])
         tokens = torch.zeros(n_slots, width, dtype=torch.long)
         positions = scratch_positions(self.capacity, width, n_slots)
-        last_row = {}
-        for r in active:
-            rows, start = first[r.slot]
-            tokens[r.slot, : len(rows)] = torch.tensor(rows)
-            positions[r.slot] = torch.arange(start, start + width)
-            last_row[r.slot] = len(rows) - 1
-        needed = max(start + len(rows) for rows, start in first.values())
+        tokens[index] = torch.tensor([rows + [0] * (width - len(rows)) for rows, _ in first])
+        positions[index] = torch.tensor([list(range(start, start + width)) for _, start in first])
+        needed = max(start + len(rows) for rows, start in first)
         logits = self._forward(tokens, positions, n_slots, window_bucket(needed, self.capacity))
-        current = {r.slot: logits[r.slot, last_row[r.slot], : self.vocab_limit] for r in active}
+        last_rows = torch.tensor([len(rows) - 1 for rows, _ in first])
+        current = dict(zip((r.slot for r in active), logits[index, last_rows, : self.vocab_limit].unbind(0)))
         next_position = {r.slot: len(r.tokens) for r in active}
         drafted: dict[int, list[int]] = {r.slot: [] for r in active}
         qs: dict[int, list[torch.Tensor]] = {r.slot: [] for r in active}
@@ -112,17 +112,18 @@ class _ModelDrafter(BatchDrafter):
                     feeding.append((r.slot, token))
             if not feeding:
                 break
+            fed = [slot for slot, _ in feeding]
+            index = torch.tensor(fed)
             tokens = torch.zeros(n_slots, 1, dtype=torch.long)
             positions = scratch_positions(self.capacity, 1, n_slots)
-            for slot, token in feeding:
-                tokens[slot, 0] = token
-                positions[slot, 0] = next_position[slot]
+            tokens[index, 0] = torch.tensor([token for _, token in feeding])
+            positions[index, 0] = torch.tensor([next_position[slot] for slot in fed])
+            for slot in fed:
                 next_position[slot] += 1
-            needed = max(next_position[slot] for slot, _ in feeding)
+            needed = max(next_position[slot] for slot in fed)
             logits = self._forward(tokens, positions, n_slots, window_bucket(needed, self.capacity))
             calls += 1
-            for slot, _ in feeding:
-                current[slot] = logits[slot, 0, : self.vocab_limit]
+            current.update(zip(fed, logits[index, 0, : self.vocab_limit].unbind(0)))
         self._after_propose(active, drafted)
         for r in active:
             drafts[r.slot] = Draft(drafted[r.slot], torch.stack(qs[r.slot]) if qs[r.slot] else None, calls)
