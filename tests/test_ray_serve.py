@@ -106,6 +106,8 @@ def test_health_and_metrics_speak_for_every_replica(ray_server):
     each = [float(line.split()[-1]) for line in text.splitlines()
             if line.startswith("quickdraft_replica_generation_tokens_total{")]
     assert len(each) == 2 and total == sum(each) > 0
+    for router_counter in ("quickdraft_requests_retried_total", "quickdraft_replicas_lost_mid_response_total"):
+        assert _value(text, router_counter) >= 0  # present from the start, 0 until a replica dies
 
 
 def test_a_killed_replica_loses_no_request_that_had_not_started_streaming(ray_server, single_process):

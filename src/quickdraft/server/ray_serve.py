@@ -94,6 +94,8 @@ class Router:
         self.engine, self.model_name, self.expected_replicas = engine, model_name, expected_replicas
         self.max_body_bytes = max_body_bytes
         self.metrics = Metrics()
+        for counter in ("requests_retried_total", "replicas_lost_mid_response_total"):
+            self.metrics.inc(counter, 0)  # shown as 0 before the first event, like the engine's counters
 
     def __serve_build_asgi_app__(self) -> RelayRouter:
         return RelayRouter(
