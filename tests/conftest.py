@@ -19,6 +19,14 @@ os.environ["QUICKDRAFT_CACHE_DIR"] = tempfile.mkdtemp(prefix="quickdraft-test-ca
 
 from hf_factory import make_hf_checkpoint  # noqa: E402
 
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with long (``slow``) tests first, each module kept whole (its fixtures are built
+    once): with two workers, the long tests start early instead of leaving one worker alone at the end."""
+    slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (item.module.__name__ not in slow_modules, order[id(item)]))
+
 from quickdraft.model.loader import LoadedModel, load_model  # noqa: E402
 from quickdraft.model.weights import save_pretrained  # noqa: E402
 
