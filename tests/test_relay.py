@@ -96,7 +96,8 @@ class FakeReplicas:
         yield {"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False}
 
 
-def call(router: RelayRouter, method: str = "POST", path: str = "/v1/completions", body: bytes = b"{}") -> httpx.Response:
+def call(router: RelayRouter, method: str = "POST", path: str = "/v1/completions",
+         body: bytes = b"{}") -> httpx.Response:
     async def main() -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=router), base_url="http://relay") as client:
             return await client.request(method, path, content=body)

@@ -41,6 +41,14 @@ def default_exit_layer(target: LoadedModel) -> int:
     return calibrate_exit_layer(target, trained_exit_layer(target)).layer
 
 
+MODEL_FREE = ("early-exit", "prompt-lookup")
+
+
+def names_a_draft_model(spec: str) -> bool:
+    """Whether a drafter spec is a draft model (a path or hub id) rather than a model-free drafter."""
+    return spec.partition(":")[0] not in MODEL_FREE
+
+
 def make_drafter(
     spec: str | Path | Drafter | LoadedModel | None,
     target: LoadedModel,

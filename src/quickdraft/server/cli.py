@@ -136,14 +136,13 @@ def _serve_on_ray(args: argparse.Namespace) -> int:
 def _check_models_exist(args: argparse.Namespace) -> None:
     """Fail in seconds on a model that is not there, rather than after Ray Serve has retried each
     replica's constructor. (Skipped for a remote cluster, whose nodes may hold paths this one lacks.)"""
-    from pathlib import Path
-
     from quickdraft.cli import resolve_target_and_drafter
+    from quickdraft.drafters.factory import names_a_draft_model
     from quickdraft.model.weights import resolve_model_dir
 
     target, drafter = resolve_target_and_drafter(args)
     resolve_model_dir(target)
-    if drafter and (Path(drafter).expanduser().is_dir() or drafter.count("/") == 1):
+    if drafter and names_a_draft_model(drafter):
         resolve_model_dir(drafter)
 
 

@@ -37,7 +37,12 @@ HELP = {
     "requests_retried_total": ("counter", "Requests sent to another replica because theirs died before answering."),
     "replicas_lost_mid_response_total": ("counter", "Responses cut short because their replica died mid-stream."),
 }
-ROUTER_ONLY = frozenset({"replicas", "requests_retried_total", "replicas_lost_mid_response_total"})
+ROUTER_COUNTERS = ("requests_retried_total", "replicas_lost_mid_response_total")
+SERVER_COUNTERS = tuple(name for name, (kind, _) in HELP.items() if kind == "counter" and name not in ROUTER_COUNTERS)
+# Counters without labels: one series, shown as 0 before the first event.
+UNLABELLED_COUNTERS = frozenset({"requests_rejected_total", "prompt_tokens_total", "generation_tokens_total",
+                                 "num_drafts_total", "num_draft_tokens_total", "num_accepted_tokens_total",
+                                 "num_target_calls_total", *ROUTER_COUNTERS})
 
 # name -> labels -> value: counters and gauges alike, as read at one moment (picklable).
 Snapshot = dict[str, dict[tuple[tuple[str, str], ...], float]]
@@ -55,13 +60,16 @@ def _escape(value: str) -> str:
 
 
 class Metrics:
-    def __init__(self) -> None:
+    """The counters named in ``counters`` (the server's by default; a replicated deployment's
+    router declares its own), and gauges registered with ``gauge``."""
+
+    def __init__(self, counters: tuple[str, ...] = SERVER_COUNTERS) -> None:
         self._lock = threading.Lock()
+        self._counters = counters
         self._values: dict[str, dict[tuple[tuple[str, str], ...], float]] = defaultdict(dict)
         self._gauges: dict[str, Callable[[], float]] = {}
-        for name in ("requests_rejected_total", "prompt_tokens_total", "generation_tokens_total", "num_drafts_total",
-                     "num_draft_tokens_total", "num_accepted_tokens_total", "num_target_calls_total"):
-            self._values[name][()] = 0  # unlabelled counters show 0 before their first event
+        for name in UNLABELLED_COUNTERS.intersection(counters):
+            self._values[name][()] = 0
 
     def inc(self, name: str, value: float = 1, **labels: str) -> None:
         key = tuple(sorted((k, str(v)) for k, v in labels.items()))
@@ -101,9 +109,8 @@ class Metrics:
                 add("num_accepted_tokens_per_pos_total", accepted, (("position", str(position)),))
 
     def snapshot(self) -> Snapshot:
-        """Every series' value now, gauges read; a counter never counted is there without series."""
-        values: Snapshot = {name: {} for name, (kind, _) in HELP.items()
-                            if kind == "counter" and name not in ROUTER_ONLY}
+        """Every series' value now, gauges read; a declared counter never counted is there without series."""
+        values: Snapshot = {name: {} for name in self._counters}
         with self._lock:
             values.update({name: dict(series) for name, series in self._values.items()})
         for name, read in self._gauges.items():

@@ -34,7 +34,7 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.server.metrics import Metrics, render_replicas
+from quickdraft.server.metrics import ROUTER_COUNTERS, Metrics, render_replicas
 from quickdraft.server.relay import RelayedRequest, RelayRouter, ReplicaLost, run_asgi
 
 log = logging.getLogger(__name__)
@@ -93,9 +93,7 @@ class Router:
     def __init__(self, engine: Any, model_name: str, expected_replicas: str, max_body_bytes: int) -> None:
         self.engine, self.model_name, self.expected_replicas = engine, model_name, expected_replicas
         self.max_body_bytes = max_body_bytes
-        self.metrics = Metrics()
-        for counter in ("requests_retried_total", "replicas_lost_mid_response_total"):
-            self.metrics.inc(counter, 0)  # shown as 0 before the first event, like the engine's counters
+        self.metrics = Metrics(counters=ROUTER_COUNTERS)
 
     def __serve_build_asgi_app__(self) -> RelayRouter:
         return RelayRouter(
