@@ -99,3 +99,25 @@ def test_exact_mode_rows_are_bit_identical_wherever_the_token_sits(wide_model, t
             logits = model(padded(context[split:] + [token]), split, cache, full_window=True)
             results.append(logits[0, index])
     assert all(torch.equal(r, results[0]) for r in results)
+
+
+TREE_NODES = 8  # TreeShape.for_budget(8): depth 4, two nodes expanded per depth, two children each
+
+
+@pytest.mark.slow
+def test_greedy_tree_speculation_equals_plain_greedy(dtype_models):
+    """Exact mode with token trees: every drafter's trees give plain greedy's tokens, bit for bit
+    (tree rows attend to ancestors at scattered slots, plain decoding to consecutive ones)."""
+    dtype, loaded = dtype_models
+    engines = {name: Engine(loaded["target"], loaded.get(name, name), tree_nodes=TREE_NODES)
+               for name in ("related", "unrelated", "early-exit:1", "prompt-lookup")}
+    for name, engine in engines.items():
+        assert engine.exact and engine.tree_shape is not None, f"exact trees unavailable for {dtype} ({name})"
+    tree_steps = {name: 0 for name in engines}
+    for prompt in prompts(8):
+        plain = engines["related"].generate(prompt, 64, gamma=0)
+        for name, engine in engines.items():
+            spec = engine.generate(prompt, 64)
+            assert spec.token_ids == plain.token_ids, f"{dtype} {name} prompt={prompt}"
+            tree_steps[name] += spec.stats.tree_steps
+    assert all(steps > 0 for steps in tree_steps.values()), tree_steps

@@ -32,6 +32,7 @@ PROMPT = [3, 1, 4]
 REPETITIVE_PROMPT = [3, 1, 4, 1, 5, 3, 1, 4]  # prompt lookup finds (3, 1, 4) and drafts "1 5 3 ..."
 N_SAMPLES = 20_000
 N_SAMPLES_MULTI_LAYER = 10_000
+N_SAMPLES_TREE_ENGINE = 5_000  # the tree rule's own power is in tests/test_tree.py
 ALPHA = 0.001
 # temperature, top-k, top-p, gamma, rule: each rule meets every temperature, both top-k and top-p
 # settings and three values of gamma in its six configurations.
@@ -198,3 +199,19 @@ def test_chi_square_detects_coupled_noise_not_keyed_by_position(bigram_pair, mon
     samples = speculative_samples(engine, params, 3, N_SAMPLES // 4)
     p_values = fit_p_values(samples, exact_joint(target, params))
     assert p_values["joint"] < ALPHA, p_values
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter,prompt,rule", [("draft-model", PROMPT, "rejection"), ("early-exit:1", PROMPT, "coupled"),
+                                                  ("prompt-lookup", REPETITIVE_PROMPT, "rejection")])
+def test_tree_sampling_through_the_engine_matches_target_distribution(pair, drafter, prompt, rule):
+    """The engine's tree step (tree forward, compaction of the target's and the draft's caches,
+    recursive rejection sampling over siblings) on a 2-layer target; tests/test_tree.py has the
+    rule's configurations on bigram models."""
+    target, draft = pair
+    params = SamplingParams(1.0, 0, 1.0, rule=rule)
+    engine = Engine(target, draft if drafter == "draft-model" else drafter, exact=False, tree_nodes=6)
+    samples = speculative_samples(engine, params, engine.tree_shape.depth, N_SAMPLES_TREE_ENGINE, prompt)
+    assert engine.generate(prompt, 16, SamplingParams(1.0, seed=0)).stats.tree_steps > 0
+    p_values = fit_p_values(samples, exact_joint(target, params, prompt))
+    assert min(p_values.values()) > ALPHA, p_values

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -12,16 +13,18 @@ import torch
 
 from quickdraft.drafters.base import Draft, DraftContext, Drafter
 from quickdraft.drafters.factory import make_drafter
+from quickdraft.drafters.trees import TreeShape
 from quickdraft.errors import ContextLengthError, QuickdraftError
-from quickdraft.exact import exact_row_bucket
+from quickdraft.exact import exact_row_bucket, tree_rows_match_chain
 from quickdraft.model.compiled import CompiledSteps, static_capacity
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.loader import LoadedModel, default_draft_dtype, load_model
 from quickdraft.output import GenerationResult, RequestOutput, StreamEvent
-from quickdraft.randomness import sampler_for
+from quickdraft.randomness import TokenSampler, sampler_for
 from quickdraft.sampling import GREEDY, SamplingParams, probabilities
 from quickdraft.stats import GenerationStats
-from quickdraft.verify import verify_step
+from quickdraft.tree import TokenTree, run_tree
+from quickdraft.verify import verify_step, verify_tree
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +109,7 @@ class Engine:
         draft_dtype: str | torch.dtype | None = None,
         compile_drafter: bool = False,
         compile_target: bool = False,
+        tree_nodes: int | None = None,
     ) -> None:
         """``draft_dtype``: a draft model's dtype (default: ``default_draft_dtype``, fp32 on CPU).
         ``compile_drafter``: run the draft model's 1- and 2-row steps through torch.compile (seconds
@@ -114,7 +118,11 @@ class Engine:
         included: a graph per row bucket (1, 2, 3, 5; max_gamma is capped at COMPILED_MAX_GAMMA)
         and cache capacity, built before a request's clock starts (~12-19 s each for the embedded
         target). Exact mode uses them when a probe finds each row's bits the same in every bucket,
-        else one bucket for every call, else eager steps."""
+        else one bucket for every call, else eager steps.
+        ``tree_nodes``: speculate with token trees of this many nodes per step (``TreeShape.for_budget``;
+        None: chains of γ tokens). Exact mode then pads every target forward to hold a whole tree and
+        runs them eagerly (a probe checks that tree rows get the bits of the same tokens fed as a
+        chain; where they do not, exact mode speculates with chains)."""
         if not isinstance(max_gamma, int) or max_gamma < 1:
             raise QuickdraftError(f"max_gamma must be an integer >= 1, got {max_gamma!r}")
         max_gamma = engine_max_gamma(max_gamma, compile_target)
@@ -134,12 +142,22 @@ class Engine:
         if draft_dtype is None:
             draft_dtype = default_draft_dtype(dtype, device)
         self.drafter = make_drafter(drafter, self.target, dtype=draft_dtype, device=device, compile=compile_drafter)
+        self.tree_shape = TreeShape.for_budget(tree_nodes) if tree_nodes is not None else None
+        if self.tree_shape is not None and self.drafter is None:
+            raise QuickdraftError("token trees need a drafter: pass drafter=... (or leave tree_nodes unset)")
         self.exact_rows: int | None = None
         if exact:
-            self.exact_rows = exact_row_bucket(self.model, max_gamma + 1)
+            self.exact_rows = exact_row_bucket(self.model, max(max_gamma, tree_nodes or 0) + 1)
             if self.exact_rows is None:
                 log.warning("no row count up to 64 gives row-invariant kernels on this platform; exact mode is off")
+            elif self.tree_shape is not None and not tree_rows_match_chain(self.model, self.exact_rows):
+                log.warning("tree rows do not get the bits of the same tokens fed as a chain on this platform; "
+                            "exact mode speculates with chains")
+                self.tree_shape = None
         buckets = row_buckets(max_gamma + 1) if self.drafter is not None else (1,)
+        if compile_target and self.exact and self.tree_shape is not None:
+            log.info("exact mode with token trees runs the target eagerly: its compiled steps attend differently")
+            compile_target = False
         self.target_steps = CompiledSteps.shared(self.model, buckets) if compile_target else None
         self.eos_token_ids = frozenset(self.target.eos_token_ids)
         self._schedulers: dict[int, object] = {}
@@ -189,10 +207,12 @@ class Engine:
         sampling: SamplingParams | None = None,
         gamma: int | str = 4,
         stop: Sequence[str] = (),
+        tree: bool | None = None,
     ) -> GenerationResult:
-        """Generate; ``gamma=0`` (or an engine without a drafter) decodes plainly."""
+        """Generate; ``gamma=0`` (or an engine without a drafter) decodes plainly. ``tree``: speculate
+        with the engine's token trees (None: when it has them; ``gamma`` is then unused)."""
         result = None
-        for event in self.stream(prompt, max_new_tokens, sampling, gamma, stop):
+        for event in self.stream(prompt, max_new_tokens, sampling, gamma, stop, tree=tree):
             result = event.result
         assert result is not None
         return result
@@ -247,6 +267,7 @@ class Engine:
         gamma: int | str = 4,
         stop: Sequence[str] = (),
         cancelled: Callable[[], bool] | None = None,
+        tree: bool | None = None,
     ) -> Iterator[StreamEvent]:
         """Yield text deltas as tokens are committed; the last event carries the result."""
         sampling = sampling or GREEDY
@@ -254,13 +275,16 @@ class Engine:
             stop = [stop]
         prompt_ids = self.encode(prompt)
         self.check_lengths(len(prompt_ids), max_new_tokens)
+        if tree and self.tree_shape is None:
+            raise QuickdraftError("this engine speculates with chains: build it with tree_nodes=N for token trees")
+        shape = self.tree_shape if tree is not False and gamma != 0 else None
         drafter = self.drafter if gamma != 0 else None
         controller = GammaController(gamma, self.max_gamma, drafter.relative_cost_hint if drafter else 0.0,
                                      self._verify_cost)
         stats = GenerationStats(prompt_tokens=len(prompt_ids), exact=self.exact, exact_rows=self.exact_rows,
                                 drafter=drafter.name if drafter else None)
         output = RequestOutput(self.decode, stop, self.eos_token_ids, max_new_tokens, prompt_ids, stats)
-        for new_ids in self._decode_loop(prompt_ids, max_new_tokens, sampling, drafter, controller, stats):
+        for new_ids in self._decode_loop(prompt_ids, max_new_tokens, sampling, drafter, controller, stats, shape):
             event = output.add(new_ids)
             if event is not None:
                 yield event
@@ -280,11 +304,13 @@ class Engine:
         drafter: Drafter | None,
         controller: GammaController,
         stats: GenerationStats,
+        shape: TreeShape | None = None,
     ) -> Iterator[list[int]]:
         """Yields the tokens committed at each step. Invariant: after each step the target cache
         holds every committed token but the last (which the next forward feeds)."""
         rows = self.exact_rows or 0
-        capacity = _round_up(len(prompt_ids) + max_new_tokens + max(rows, self.max_gamma + 1), CACHE_ROUNDING)
+        scratch = max(rows, self.max_gamma + 1, shape.grown_nodes + 1 if shape else 0)
+        capacity = _round_up(len(prompt_ids) + max_new_tokens + scratch, CACHE_ROUNDING)
         if self.target_steps is not None:
             capacity = static_capacity(capacity)  # compiled steps are shaped by it: few distinct values
         cache = self._new_target_cache(capacity)
@@ -305,6 +331,13 @@ class Engine:
         generated = 0
         confidence_stop = self.confidence_stop if controller.auto else None
         while generated < max_new_tokens:
+            if shape is not None and drafter is not None and max_new_tokens - generated > 1:
+                new = self._tree_step(tokens, cache, drafter, shape, max_new_tokens - generated - 1, sampling, sampler,
+                                      stats)
+                generated += len(new)
+                stats.decode_seconds = time.perf_counter() - decode_start
+                yield new
+                continue
             k = min(controller.next_gamma(), max_new_tokens - generated - 1) if drafter is not None else 0
             draft = Draft([], None)
             drafter_seconds = None
@@ -332,6 +365,40 @@ class Engine:
             generated += len(new)
             stats.decode_seconds = time.perf_counter() - decode_start
             yield new
+
+    def _tree_step(self, tokens: list[int], cache: KVCache, drafter: Drafter, shape: TreeShape, room: int,
+                   sampling: SamplingParams, sampler: TokenSampler, stats: GenerationStats) -> list[int]:
+        """Draft a tree, verify every node in one target forward, commit the accepted path and move
+        its keys and values behind the prefix. Extends ``tokens``; returns the committed tokens."""
+        if shape.depth > room:
+            shape = dataclasses.replace(shape, depth=room)
+        t0 = time.perf_counter()
+        tree = drafter.propose_tree(tokens, shape, sampling, sampler)
+        stats.drafter_seconds += time.perf_counter() - t0
+        stats.drafter_calls += tree.forward_calls
+        t0 = time.perf_counter()
+        logits = self._target_tree_forward(tokens, tree, cache, pad_to=self.exact_rows or 0)
+        p = None if sampling.greedy else probabilities(logits, sampling)
+        path, nxt = verify_tree(tree, logits, p, sampling, sampler, len(tokens))
+        prefix = len(tokens)  # slots [0, prefix) hold the committed tokens, the root last; node i is at prefix + i
+        cache.compact([prefix + i for i in path], prefix)
+        stats.target_seconds += time.perf_counter() - t0
+        new = [*(tree.tokens[i] for i in path), nxt]
+        tokens.extend(new)
+        sampler.forget_before(len(tokens))
+        cache.set_length(len(tokens) - 1)
+        drafter.accept_path(path)
+        stats.record_step(len(tree), len(path), depth=tree.depth)
+        return new
+
+    def _target_tree_forward(self, tokens: list[int], tree: TokenTree, cache: KVCache, *, pad_to: int) -> torch.Tensor:
+        """The root (the last committed token, at slot len(tokens) - 1) and every node of ``tree``
+        in one forward -> logits [len(tree) + 1, vocab_limit]. ``pad_to`` > 0 (exact mode): that
+        many rows over the whole cache, with exact mode's attention."""
+        return self._tree_forward(tokens[-1], len(tokens) - 1, tree, cache, pad_to=pad_to)
+
+    def _tree_forward(self, root_token: int, root: int, tree: TokenTree, cache: KVCache, *, pad_to: int) -> torch.Tensor:
+        return run_tree(self.model, root_token, root, tree, cache, pad_to=pad_to)[:, : self.vocab_limit]
 
     def _new_target_cache(self, capacity: int) -> KVCache:
         cache = self.model.new_cache(capacity)
@@ -379,12 +446,10 @@ class Engine:
         n = len(tokens)
         if self.target_steps is not None and cache.length > 0:
             return self.target_steps.run(tokens, cache.length, cache)[:, : self.vocab_limit]
-        padded = tokens + [0] * (pad_to - n) if pad_to else tokens
-        if pad_to and n > pad_to:
-            raise AssertionError(f"{n} rows exceed the exact-mode bucket {pad_to}")
-        x = torch.tensor([padded], device=self.device)
-        logits = self.model(x, cache.length, cache, full_window=bool(pad_to))
-        return logits[0, :n, : self.vocab_limit]
+        if pad_to:  # the chain as a width-1 tree: every exact-mode row is computed the same way
+            return self._tree_forward(tokens[0], cache.length, TokenTree.chain(tokens[1:]), cache, pad_to=pad_to)
+        x = torch.tensor([tokens], device=self.device)
+        return self.model(x, cache.length, cache)[0, :, : self.vocab_limit]
 
 
 def engine_max_gamma(max_gamma: int, compile_target: bool) -> int:

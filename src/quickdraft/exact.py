@@ -67,3 +67,41 @@ def exact_row_bucket(model: Transformer, min_rows: int) -> int | None:
             )
         log.debug("exact-mode row bucket for %s: %s", key, _bucket_cache[key])
     return _bucket_cache[key]
+
+
+_tree_cache: dict[tuple, bool] = {}
+
+
+def tree_rows_match_chain(model: Transformer, rows: int, prefix: int = 40, capacity: int = 256, seed: int = 0) -> bool:
+    """Exact mode's probe for token trees: every node of a random ``rows - 1``-node tree, verified
+    in one exact-mode forward, gets the bits its path's tokens get fed as a chain (the same row
+    count, the nodes at consecutive slots), i.e. the bits of plain exact decoding. Cached per
+    platform, shapes and row count."""
+    from quickdraft.tree import ROOT, TokenTree, run_tree
+
+    key = (str(model.device), str(model.dtype), torch.get_num_threads(), tuple(sorted(_linear_weights(model))), rows)
+    if key in _tree_cache:
+        return _tree_cache[key]
+    generator = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    tokens = torch.randint(0, vocab, (prefix + 1,), generator=generator).tolist()
+    tree = TokenTree()
+    for i in range(rows - 1):
+        parent = ROOT if i < 2 else int(torch.randint(-1, i, (), generator=generator))
+        tree.add(int(torch.randint(0, vocab, (), generator=generator)), parent)
+    capacity = max(capacity, prefix + 2 * rows)
+    cache = model.new_cache(capacity)
+    agree = True
+    with torch.inference_mode():
+        model(torch.tensor([tokens[:prefix]], device=model.device), 0, cache)
+        tree_logits = run_tree(model, tokens[prefix], prefix, tree, cache, pad_to=rows)
+        for node in range(len(tree)):
+            path = tree.path(node)
+            chain = TokenTree.chain([tree.tokens[i] for i in path])
+            chain_logits = run_tree(model, tokens[prefix], prefix, chain, cache, pad_to=rows)
+            if not torch.equal(chain_logits[len(path)], tree_logits[node + 1]):
+                agree = False
+                break
+    _tree_cache[key] = agree
+    log.debug("tree rows match chain rows for %s: %s", key, agree)
+    return agree

@@ -24,19 +24,25 @@ class GenerationStats:
     exact: bool = False
     exact_rows: int | None = None
     drafter: str | None = None
+    tree_steps: int = 0  # steps that verified a token tree (their nodes count as drafted)
 
-    def record_step(self, drafted: int, accepted: int) -> None:
+    def record_step(self, drafted: int, accepted: int, depth: int | None = None) -> None:
+        """A target call that verified ``drafted`` tokens (a chain, or the nodes of a tree of
+        ``depth`` levels) and accepted ``accepted`` of them; per position counts by depth."""
         self.target_calls += 1
         if drafted == 0:
             return
         self.num_drafts += 1
         self.drafted += drafted
         self.accepted += accepted
-        grow = drafted - len(self.drafted_per_position)
+        if depth is not None:
+            self.tree_steps += 1
+        depth = drafted if depth is None else depth
+        grow = depth - len(self.drafted_per_position)
         if grow > 0:
             self.drafted_per_position.extend([0] * grow)
             self.accepted_per_position.extend([0] * grow)
-        for i in range(drafted):
+        for i in range(depth):
             self.drafted_per_position[i] += 1
         for i in range(accepted):
             self.accepted_per_position[i] += 1

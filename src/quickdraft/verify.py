@@ -16,6 +16,7 @@ import torch
 
 from quickdraft.randomness import MultinomialSampler, TokenSampler
 from quickdraft.sampling import SamplingParams, sample
+from quickdraft.tree import ROOT, TokenTree
 
 
 def verify_greedy(draft: list[int], target_argmax: list[int]) -> tuple[int, int]:
@@ -79,3 +80,83 @@ def verify_step(
         return verify_greedy(draft, sampler.draw_rows(p, first_position))
     assert isinstance(sampler, MultinomialSampler)
     return verify_sampling(draft, q, p, sampler.generator)
+
+
+def verify_tree(
+    tree: TokenTree,
+    logits: torch.Tensor,
+    p: torch.Tensor | None,
+    sampling: SamplingParams,
+    sampler: TokenSampler,
+    first_position: int,
+) -> tuple[list[int], int]:
+    """One tree step's verification. logits [N + 1, vocab]: row 0 is the root's (it predicts
+    position ``first_position``), row 1 + i node i's (position ``first_position + depths[i]``);
+    p their probabilities under ``sampling`` (None when greedy).
+
+    Greedy and coupled: walk from the root to the child whose token is the target's own (argmax, or
+    the coupled rule's sample at that position) while one exists, as ``verify_greedy`` does along a
+    chain. Rejection sampling: at each node the children are tested in the order they were drawn,
+    by recursive rejection sampling without replacement (Jeon et al. 2024, "Recursive Speculative
+    Decoding"; SpecInfer's multi-step speculative sampling with draws without replacement): child x
+    drawn from q_i (the drafter's q without the earlier siblings, renormalised) is accepted with
+    probability min(1, p_i(x) / q_i(x)); on rejection p_{i+1} = norm(max(0, p_i − q_i)). p_i(x) < q_i(x)
+    at a rejection, so p_{i+1} gives x no mass, matching q_{i+1}, which cannot draw it again. Each
+    test is one single-draft rejection step between p_i and q_i, so the token leaving a node follows
+    p exactly (Leviathan et al.'s lemma, applied once per sibling); when every child is rejected,
+    the token is drawn from the last residual. Point-mass children (q absent) are the case
+    q_i = one-hot(x): accept with probability p_i(x), else p_{i+1} = p_i without x.
+
+    Returns (the accepted nodes from the root down, the target's token that follows them)."""
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(tree.parents):
+        children.setdefault(parent, []).append(node)
+    path: list[int] = []
+    node = ROOT
+    while True:
+        row = node + 1
+        position = first_position + (tree.depths[node] if node != ROOT else 0)
+        kids = children.get(node, [])
+        if sampling.greedy or sampler.coupled:
+            if sampling.greedy:
+                token = int(logits[row].argmax())
+            else:
+                assert p is not None
+                token = sampler.draw(p[row], position)
+            nxt = next((kid for kid in kids if tree.tokens[kid] == token), None)
+        else:
+            assert p is not None and isinstance(sampler, MultinomialSampler)
+            nxt, token = _test_siblings([tree.tokens[k] for k in kids], tree.child_q.get(node), p[row],
+                                        sampler.generator)
+            nxt = None if nxt is None else kids[nxt]
+        if nxt is None:
+            return path, token
+        path.append(nxt)
+        node = nxt
+
+
+def _test_siblings(
+    siblings: list[int], q: torch.Tensor | None, p: torch.Tensor, generator: torch.Generator | None,
+) -> tuple[int | None, int]:
+    """Recursive rejection sampling over ``siblings`` (drawn in this order without replacement from
+    q, or point masses when q is None) against p [vocab]: (the accepted sibling's index, its token),
+    or (None, a token from the final residual)."""
+    q_left = None if q is None else q.clone()
+    for i, x in enumerate(siblings):
+        if q_left is None:
+            q_x = 1.0
+        else:
+            q_left /= q_left.sum()
+            q_x = float(q_left[x])
+        if float(torch.rand((), generator=generator)) * q_x < float(p[x]):
+            return i, x
+        if q_left is None:
+            residual = p.clone()
+            residual[x] = 0
+        else:
+            residual = (p - q_left).clamp_(min=0)
+            q_left[x] = 0
+        total = residual.sum()
+        # total == 0 needs p == q_i, under which x would have been accepted; guard against rounding.
+        p = residual / total if total > 0 else p
+    return None, sample(p, generator)

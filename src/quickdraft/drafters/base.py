@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,6 +19,10 @@ from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.transformer import Transformer
 from quickdraft.randomness import TokenSampler
 from quickdraft.sampling import SamplingParams, probabilities, top_probability
+from quickdraft.tree import TokenTree
+
+if TYPE_CHECKING:
+    from quickdraft.drafters.trees import TreeShape
 
 
 @dataclass
@@ -61,6 +66,18 @@ class Drafter(ABC):
 
     def accept(self, n_accepted: int) -> None:
         """The target kept the first ``n_accepted`` proposed tokens; forget the rest."""
+
+    def propose_tree(self, tokens: list[int], shape: TreeShape, sampling: SamplingParams,
+                     sampler: TokenSampler) -> TokenTree:
+        """A tree of at most ``shape.budget`` nodes to follow ``tokens`` (``propose``'s contract per
+        node: a sampled child is drawn for its sequence position). A drafter without trees of its
+        own proposes the chain of ``propose``, ``shape.depth`` tokens long."""
+        draft = self.propose(tokens, min(shape.depth, shape.budget), sampling, sampler)
+        return TokenTree.chain(draft.tokens, draft.q, draft.forward_calls)
+
+    def accept_path(self, path: list[int]) -> None:
+        """The target kept the tree nodes ``path`` (the root's child first); forget the rest."""
+        self.accept(len(path))
 
     @property
     def relative_cost_hint(self) -> float:

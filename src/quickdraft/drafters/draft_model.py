@@ -7,6 +7,7 @@ import logging
 import torch
 
 from quickdraft.drafters.base import Draft, DraftContext, Drafter, draft_autoregressively
+from quickdraft.drafters.trees import TreeShape, grow_tree, tree_mask_rows
 from quickdraft.errors import VocabularyMismatchError
 from quickdraft.model.compiled import CompiledSteps, static_capacity
 from quickdraft.model.kv_cache import KVCache
@@ -14,6 +15,7 @@ from quickdraft.model.loader import LoadedModel
 from quickdraft.model.tokenizer import Tokenizer
 from quickdraft.randomness import TokenSampler
 from quickdraft.sampling import SamplingParams
+from quickdraft.tree import TokenTree
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,7 @@ class DraftModelDrafter(Drafter):
         self.vocab_limit = draft.config.vocab_size
         self._base = 0  # committed tokens in the cache after the last proposal's pending tokens
         self._fed = 0  # proposed tokens fed into the cache during the last proposal
+        self._tree_slots: list[int | None] = []  # per node of the last tree: the cache slot it was fed at
 
     def check_compatible(self, target: LoadedModel) -> None:
         if target.tokenizer is not None and self.draft.tokenizer is not None:
@@ -98,6 +101,43 @@ class DraftModelDrafter(Drafter):
     def accept(self, n_accepted: int) -> None:
         assert self.cache is not None
         self.cache.length = self._base + min(n_accepted, self._fed)
+
+    @torch.inference_mode()
+    def propose_tree(self, tokens: list[int], shape: TreeShape, sampling: SamplingParams,
+                     sampler: TokenSampler) -> TokenTree:
+        """Grown node j sits at cache slot len(tokens) + j while the tree grows."""
+        assert self.cache is not None, "begin() first"
+        root_logits = self._forward(tokens[self.cache.length :])
+        base = self._base = len(tokens)
+        if base + shape.grown_nodes > self.cache.capacity:
+            raise AssertionError(f"a {shape.grown_nodes}-node tree after {base} tokens exceeds the draft cache")
+        fed: set[int] = set()
+
+        def expand(tree: TokenTree, nodes: list[int]) -> torch.Tensor:
+            fed.update(nodes)
+            device = self.model.device
+            x = torch.tensor([[tree.tokens[i] for i in nodes]], device=device)
+            positions = torch.tensor([base - 1 + tree.depths[i] for i in nodes], device=device)
+            slots = torch.tensor([base + i for i in nodes], device=device)
+            mask = tree_mask_rows(tree, nodes, base).to(device)
+            return self.model.forward_tree(x, positions, slots, mask, self.cache)[0, :, : self.vocab_limit]
+
+        tree, grown_index = grow_tree(root_logits, expand, shape, sampling, sampler, base)
+        self._tree_slots = [base + g if g in fed else None for g in grown_index]
+        return tree
+
+    def accept_path(self, path: list[int]) -> None:
+        """Move the accepted nodes' keys and values behind the committed prefix (a fed node's
+        ancestors were fed before it, so the fed ones lead the path)."""
+        assert self.cache is not None
+        slots = []
+        for node in path:
+            slot = self._tree_slots[node]
+            if slot is None:
+                break
+            slots.append(slot)
+        self.cache.compact(slots, self._base)
+        self.cache.length = self._base + len(slots)
 
     @property
     def relative_cost_hint(self) -> float:

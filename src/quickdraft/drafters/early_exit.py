@@ -7,11 +7,13 @@ from __future__ import annotations
 import torch
 
 from quickdraft.drafters.base import Draft, DraftContext, Drafter, draft_autoregressively
+from quickdraft.drafters.trees import TreeShape, grow_tree, tree_mask_rows
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.transformer import Transformer
 from quickdraft.randomness import TokenSampler
 from quickdraft.sampling import SamplingParams
+from quickdraft.tree import TokenTree
 
 
 def check_exit_layer(exit_layer: int, n_layer: int) -> None:
@@ -55,6 +57,28 @@ class EarlyExitDrafter(Drafter):
             logits, lambda t: self._forward([t], next(next_position)), k, sampling, sampler, len(tokens),
             confidence_stop,
         )
+
+    @torch.inference_mode()
+    def propose_tree(self, tokens: list[int], shape: TreeShape, sampling: SamplingParams,
+                     sampler: TokenSampler) -> TokenTree:
+        """Grown node j writes the exit layers' keys at target slot len(tokens) + j, scratch the
+        verifying forward overwrites."""
+        assert self.target is not None and self.cache is not None
+        position = self.cache.length
+        root_logits = self._forward(tokens[position:], position)
+        base = len(tokens)  # slots [0, base) hold the committed tokens (the root last) for these layers
+        target, cache = self.target, self.cache
+
+        def expand(tree: TokenTree, nodes: list[int]) -> torch.Tensor:
+            device = target.device
+            x = torch.tensor([[tree.tokens[i] for i in nodes]], device=device)
+            positions = torch.tensor([base - 1 + tree.depths[i] for i in nodes], device=device)
+            slots = torch.tensor([base + i for i in nodes], device=device)
+            mask = tree_mask_rows(tree, nodes, base).to(device)
+            logits = target.forward_tree(x, positions, slots, mask, cache, exit_layer=self.exit_layer)
+            return logits[0, :, : self.vocab_limit]
+
+        return grow_tree(root_logits, expand, shape, sampling, sampler, base)[0]
 
     @property
     def relative_cost_hint(self) -> float:

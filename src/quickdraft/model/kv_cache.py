@@ -69,3 +69,13 @@ class KVCache:
         for tensors in (self.keys, self.values):
             for t in tensors:
                 t[destination].copy_(t[source])
+
+    def compact(self, sources: list[int], destination: int) -> None:
+        """Copy the keys and values at slots ``sources`` to the consecutive slots from ``destination``
+        (a token tree's accepted path into place after the committed prefix; nothing recomputed)."""
+        if not sources or sources == list(range(destination, destination + len(sources))):
+            return
+        index = torch.tensor(sources, device=self.keys[0].device)
+        for tensors in (self.keys, self.values):
+            for t in tensors:
+                t[:, :, destination : destination + len(sources)] = t.index_select(2, index)

@@ -8,6 +8,7 @@ the final norm and LM head (self-speculation).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -88,6 +89,7 @@ class Attention(nn.Module):
         slots: slice | torch.Tensor,
         kv_len: int,
         mask: torch.Tensor | None,
+        attend: Attend | None = None,
     ) -> torch.Tensor:
         batch, t, _ = x.shape
         # [batch, heads_q + 2 * heads_kv, T, head_dim]; queries and keys get RoPE in one go
@@ -106,11 +108,11 @@ class Attention(nn.Module):
             assert mask is not None
             window = mask.shape[-1]  # the step attends over cache slots [0, window)
             y = _attend_window(q, keys[:, :, :window], values[:, :, :window], mask)
-        elif isinstance(slots, torch.Tensor):  # static-shape step: positions are data, not Python ints
+        elif isinstance(slots, torch.Tensor):  # slots are data, not Python ints: static-shape and tree steps
             keys.index_copy_(2, slots, k)
             values.index_copy_(2, slots, v)
             assert mask is not None
-            y = _attend_fused(q, keys, values, mask)
+            y = (attend or _attend_fused)(q, keys[:, :, :kv_len], values[:, :, :kv_len], mask)
         else:
             keys[:, :, slots] = k
             values[:, :, slots] = v
@@ -119,6 +121,34 @@ class Attention(nn.Module):
                 enable_gqa=gqa,
             )
         return self.out(y.transpose(1, 2).reshape(batch, t, -1))
+
+
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def attend_sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """q [1, Hq, T, D] over keys, values [1, Hkv, C, D] under mask [T, C] (eager tree steps)."""
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=keys.shape[1] != q.shape[1])
+
+
+def attend_ordered(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Exact mode's attention: q [1, Hq, T, D] over keys, values [1, Hkv, C, D] under mask [T, C],
+    where a row's bits depend on the visible keys and values *in slot order*, not on which slots
+    hold them. A tree node's ancestors sit at scattered slots, the same tokens decoded plainly at
+    consecutive ones; both must give the same bits. A vectorised sum (SDPA's, softmax's) adds a key's
+    term in the lane its slot falls in, so the scatter changes the rounding (fp32 here: 44 of 50
+    probes differ); the softmax denominator is therefore a cumulative sum, a sequential scan in
+    which masked slots add exact zeros. The products over the head dimension and the weighted sum of
+    values accumulate per output in slot order, where zero weights change nothing (probed by
+    ``exact.tree_rows_match_chain``)."""
+    batch, n_head, t, d = q.shape
+    n_kv = keys.shape[1]
+    group = n_head // n_kv
+    scores = (q.reshape(batch, n_kv, group * t, d) @ keys.transpose(-1, -2)).float() * (1.0 / math.sqrt(d))
+    scores = scores.masked_fill(~mask.repeat(group, 1), float("-inf"))  # row g*T + i is row i of head group g
+    weights = (scores - scores.amax(-1, keepdim=True)).exp_()
+    weights /= weights.cumsum(-1)[..., -1:]
+    return (weights.to(values.dtype) @ values).view(batch, n_head, t, d)
 
 
 def _attend_window(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -300,13 +330,14 @@ class Transformer(nn.Module):
         mask: torch.Tensor | None,
         n_layers: int,
         collect: list[torch.Tensor] | None = None,
+        attend: Attend | None = None,
     ) -> torch.Tensor:
         keys = values = None
         for i in range(n_layers):
             block = self.layers[i]
             if cache is not None:
                 keys, values = cache.keys[i], cache.values[i]
-            x = x + block.attn(block.attn_norm(x), rope, keys, values, slots, kv_len, mask)
+            x = x + block.attn(block.attn_norm(x), rope, keys, values, slots, kv_len, mask, attend)
             x = x + block.mlp(block.mlp_norm(x))
             if collect is not None:
                 collect.append(x)
@@ -373,3 +404,36 @@ class Transformer(nn.Module):
         # linear, not prepare_static's transposed copy: at 4-16 rows it is the faster of the two here
         # (embedded draft head, fp32: 200 vs 238 µs at 4 rows; bf16: 114 vs 170 µs).
         return self.lm_head(self.norm(self._run_layers(x, rope, cache, positions, cache.capacity, mask, n_layers)))
+
+    def forward_tree(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        mask: torch.Tensor,
+        cache: KVCache,
+        *,
+        exit_layer: int | None = None,
+        attend: Attend = attend_sdpa,
+    ) -> torch.Tensor:
+        """tokens [1, T] at sequence ``positions`` [T], their keys and values written to cache
+        ``slots`` [T], each row attending to the slots ``mask`` [T, window] marks (window <= capacity)
+        -> logits [1, T, vocab]. A token tree's nodes share positions (siblings) and have slots of
+        their own; the mask carries the tree (``tree.tree_attention_mask``). Eager."""
+        window = mask.shape[-1]
+        if window > cache.capacity or int(slots.max()) >= cache.capacity:
+            raise ValueError(f"a tree step up to slot {int(slots.max())} exceeds the KV cache capacity {cache.capacity}")
+        x = self.embed(tokens)
+        rope = None
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(positions.clamp(max=self.config.block_size - 1))
+        else:
+            rope = self._rope(positions, int(positions.max()) + 1)
+        if self.config.sliding_window is not None:
+            # Committed slots hold their own position; this step's slots (from slots.min() on) hold
+            # positions within a tree's depth of each row, inside any real window.
+            slot = torch.arange(window, device=mask.device)[None, :]
+            mask = mask & ((slot > positions[:, None] - self.config.sliding_window) | (slot >= slots.min()))
+        n_layers = self.config.n_layer if exit_layer is None else exit_layer
+        x = self._run_layers(x, rope, cache, slots, window, mask, n_layers, attend=attend)
+        return self.lm_head(self.norm(x))
