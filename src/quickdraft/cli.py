@@ -21,6 +21,16 @@ PLUGGED_COMMANDS = (
 )
 
 
+def tree_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--tree takes a node count such as 16, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--tree needs at least 1 node, got {value}")
+    return value
+
+
 def gamma_arg(text: str) -> int | str:
     if text == "auto":
         return text
@@ -105,7 +115,7 @@ def build_engine(args: argparse.Namespace):
     target, drafter = resolve_target_and_drafter(args)
     return Engine(target, drafter, exact=not args.no_exact, dtype=args.dtype, device=args.device,
                   draft_dtype=args.draft_dtype, compile_drafter=bool(args.compile_drafter),
-                  compile_target=bool(args.compile_target))
+                  compile_target=bool(args.compile_target), tree_nodes=getattr(args, "tree", None))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -212,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "(min(1, p/q): accepts a little more often), or auto (default: coupled when --seed is given)")
     gen.add_argument("--gamma", type=gamma_arg, default="auto",
                      help="draft length: an integer (0 = plain decoding) or 'auto'")
+    gen.add_argument("--tree", type=tree_arg, metavar="NODES",
+                     help="speculate with token trees of NODES draft tokens per step (e.g. 16) instead of "
+                     "chains of --gamma tokens: the drafter's likely alternatives are verified in the same forward")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     add_threads_arg(gen)

@@ -279,7 +279,9 @@ class Engine:
             raise QuickdraftError("this engine speculates with chains: build it with tree_nodes=N for token trees")
         shape = self.tree_shape if tree is not False and gamma != 0 else None
         drafter = self.drafter if gamma != 0 else None
-        controller = GammaController(gamma, self.max_gamma, drafter.relative_cost_hint if drafter else 0.0,
+        # γ is unused when trees speculate: any value passes.
+        controller = GammaController(gamma if shape is None else "auto", self.max_gamma,
+                                     drafter.relative_cost_hint if drafter else 0.0,
                                      self._verify_cost)
         stats = GenerationStats(prompt_tokens=len(prompt_ids), exact=self.exact, exact_rows=self.exact_rows,
                                 drafter=drafter.name if drafter else None)

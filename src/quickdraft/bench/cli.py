@@ -21,6 +21,10 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
+def _tree_list(text: str) -> tuple[int, ...]:
+    return () if text.strip() == "0" else _int_list(text)
+
+
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     from quickdraft.cli import add_model_args
 
@@ -37,6 +41,8 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, help="measured rounds after the warm-up")
     p.add_argument("--gammas", type=_int_list, help="fixed γ values for greedy draft-model runs, e.g. 1,2,4")
     p.add_argument("--sampling-gammas", type=_int_list, help="fixed γ values for sampling runs")
+    p.add_argument("--trees", type=_tree_list, help="token-tree node budgets to run beside the chains "
+                   "(default 16; 0 for chains only)")
     p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)")
     p.add_argument("--max-gamma", type=int, help="the engines' max_gamma (default 8); exact mode's row bucket "
                    "is at least max_gamma + 1")
@@ -70,7 +76,7 @@ def settings_from_args(args: argparse.Namespace):
     draft = draft or embedded_draft_for(target)
     overrides = {k: v for k, v in dict(
         prompts=args.prompts, prompt_limit=args.prompt_limit, max_new_tokens=args.max_new_tokens,
-        repeats=args.repeats, gammas=args.gammas, max_gamma=args.max_gamma, sampling_gammas=args.sampling_gammas, threads=args.threads,
+        repeats=args.repeats, gammas=args.gammas, trees=args.trees, max_gamma=args.max_gamma, sampling_gammas=args.sampling_gammas, threads=args.threads,
     ).items() if v is not None}
     common = dict(target=target, draft=draft, dtype=args.dtype, draft_dtype=args.draft_dtype,
                   compile_drafter=bool(args.compile_drafter), compile_target=bool(args.compile_target),

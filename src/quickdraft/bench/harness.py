@@ -36,6 +36,7 @@ from quickdraft.bench.llama_cpp import DRAFT_MAX, LlamaCpp, LlamaCppRun, same_ou
 from quickdraft.drafters.base import Draft, DraftContext, Drafter
 from quickdraft.drafters.factory import make_drafter
 from quickdraft.engine import Engine, engine_max_gamma, expected_speedup
+from quickdraft.tree import TokenTree
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.compiled import static_capacity
 from quickdraft.model.loader import LoadedModel, default_draft_dtype, dtype_name, load_model, parse_dtype
@@ -84,6 +85,8 @@ class BenchSettings:
     gammas: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
     sampling_gammas: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
     temperature: float = 0.8
+    trees: tuple[int, ...] = (16,)  # token-tree node budgets to run (draft model greedy, exact and sampled;
+    # early exit and prompt lookup greedy); () for chains only
     max_gamma: int = 8  # the engines' max_gamma: the largest γ, and exact mode's row bucket (>= max_gamma + 1)
     exact: bool = True  # also run exact-mode variants (reported beside, never as the baseline)
     early_exit: str | None = "early-exit"  # drafter spec, None to skip
@@ -116,6 +119,7 @@ class Method:
     exact: bool
     temperature: float
     rule: str = "auto"  # SamplingParams.rule; the bench seeds every run, so "auto" is the coupled rule
+    tree: int | None = None  # token trees of this many nodes instead of chains
 
     @property
     def greedy(self) -> bool:
@@ -190,6 +194,17 @@ class RecordingDrafter(Drafter):
         draft = self.inner.propose(tokens, k, sampling, sampler, confidence_stop)
         self._proposed = len(draft.tokens)
         return draft
+
+    def propose_tree(self, tokens, shape, sampling, sampler) -> TokenTree:  # noqa: ANN001
+        tree = self.inner.propose_tree(tokens, shape, sampling, sampler)
+        self._proposed = tree.depth  # α counts along the deepest candidate, as for a chain of that length
+        return tree
+
+    def accept_path(self, path: list[int]) -> None:
+        if self._proposed:
+            self.steps.append((self._proposed, len(path)))
+        self._proposed = 0
+        self.inner.accept_path(path)
 
     def accept(self, n_accepted: int) -> None:
         if self._proposed:
@@ -284,8 +299,8 @@ class Bench:
         modes = [False, True] if s.exact else [False]
         engines: dict[tuple[str, bool], Engine] = {}
 
-        def engine(kind: str, exact: bool) -> Engine:
-            key = (kind, exact)
+        def engine(kind: str, exact: bool, tree: int | None = None) -> Engine:
+            key = (kind, exact, tree)
             if key not in engines:
                 drafter = None
                 if kind == "draft":
@@ -295,16 +310,17 @@ class Bench:
                 elif kind == "prompt-lookup":
                     drafter = RecordingDrafter(make_drafter(s.prompt_lookup, target))
                 e = Engine(target, drafter, exact=exact, dtype=s.dtype, device=s.device, max_gamma=s.max_gamma,
-                           compile_target=s.compile_target)
+                           compile_target=s.compile_target, tree_nodes=tree)
                 if exact and not e.exact:
                     raise QuickdraftError("exact mode is unavailable on this platform; rerun with --no-exact")
                 e.eos_token_ids = frozenset()  # ignore EOS: every method generates max_new_tokens
                 engines[key] = e
             return engines[key]
 
-        def add(name: str, family: str, gamma: int | str, exact: bool, temperature: float, rule: str = "auto") -> None:
-            method = Method(name, family, gamma, exact, temperature, rule)
-            runs.append((method, OurRunner(engine(family, exact), method)))
+        def add(name: str, family: str, gamma: int | str, exact: bool, temperature: float, rule: str = "auto",
+                tree: int | None = None) -> None:
+            method = Method(name, family, gamma, exact, temperature, rule, tree)
+            runs.append((method, OurRunner(engine(family, exact, tree), method)))
 
         max_gamma = engine_max_gamma(s.max_gamma, s.compile_target)
         too_big = sorted({g for g in (*s.gammas, *s.sampling_gammas) if g > max_gamma})
@@ -325,12 +341,24 @@ class Bench:
                     add(f"draft auto{' exact' if exact else ''}{suffix}", "draft", "auto", exact, temperature)
                 if temperature > 0:  # the seeded runs use the coupled rule; rejection sampling beside it
                     add(f"draft auto rejection{suffix}", "draft", "auto", False, temperature, "rejection")
+                for nodes in s.trees:
+                    add(f"draft tree {nodes}{suffix}", "draft", "auto", False, temperature, tree=nodes)
+                    if temperature == 0 and s.exact:
+                        add(f"draft tree {nodes} exact", "draft", "auto", True, temperature, tree=nodes)
+                    if temperature > 0:
+                        add(f"draft tree {nodes} rejection{suffix}", "draft", "auto", False, temperature, "rejection",
+                            tree=nodes)
             if not full and draft is not None:
                 continue
             if s.early_exit and target.config.n_layer > 1:
                 add(f"early exit auto{suffix}", "early-exit", "auto", False, temperature)
             if s.prompt_lookup and full:
                 add(f"prompt lookup auto{suffix}", "prompt-lookup", "auto", False, temperature)
+            for nodes in s.trees if temperature == 0 and full else ():
+                if s.early_exit and target.config.n_layer > 1:
+                    add(f"early exit tree {nodes}", "early-exit", "auto", False, temperature, tree=nodes)
+                if s.prompt_lookup:
+                    add(f"prompt lookup tree {nodes}", "prompt-lookup", "auto", False, temperature, tree=nodes)
         if draft is None:
             self.notes.append("no draft model given: draft-model speculation and the assisted peer were skipped")
         return runs
@@ -554,7 +582,7 @@ def summarize(methods: list[Method], rounds: list[dict[str, RoundResult]], kinds
         speedup = statistics.median(r.tokens_per_s / b.tokens_per_s for r, b in zip(per_round, base) if b.tokens_per_s)
         row: dict[str, Any] = {
             "method": m.name, "family": m.family, "decoding": m.decoding, "temperature": m.temperature,
-            "gamma": m.gamma, "exact": m.exact, "peer": m.peer, "rule": None if m.greedy or m.peer else m.rule,
+            "gamma": m.gamma, "tree": m.tree, "exact": m.exact, "peer": m.peer, "rule": None if m.greedy or m.peer else m.rule,
             "tokens_per_s": tps, "tokens_per_s_rounds": [r.tokens_per_s for r in per_round],
             "tokens_per_wall_s": statistics.median(r.tokens / r.wall_seconds for r in per_round if r.wall_seconds),
             "speedup": speedup, "baseline": base_name,
@@ -586,7 +614,8 @@ def summarize(methods: list[Method], rounds: list[dict[str, RoundResult]], kinds
                 ratios = [(r.drafter_seconds / r.drafter_calls) / p
                           for r, p in zip(per_round, plain_step) if r.drafter_calls and p]
                 cost = statistics.median(ratios) if ratios else None
-            known = alpha is not None and cost is not None and gamma_mean > 0
+            # Leviathan's bound is a chain's: no bound for trees (gamma_mean is then nodes per step).
+            known = alpha is not None and cost is not None and gamma_mean > 0 and m.tree is None
             bound = expected_speedup(alpha, gamma_mean, cost) if known else None
             # The same bound with the verifying forward's measured cost in place of Leviathan's
             # assumption that it costs one plain step: what is left after that is overhead.
