@@ -10,7 +10,8 @@ import torch
 from quickdraft import Engine, QuickdraftError
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.model import compiled, transformer
-from quickdraft.model.compiled import CompiledSteps, static_capacity
+from quickdraft.model.compiled import CompiledSteps, CompiledTreeSteps, static_capacity
+from quickdraft.tree import ROOT, TokenTree, run_tree, tree_attention_mask, tree_rows
 from quickdraft.model.loader import auto_dtype, default_draft_dtype, load_model
 from quickdraft.sampling import SamplingParams
 
@@ -138,3 +139,32 @@ def test_the_compiled_row_probe_catches_a_row_that_depends_on_its_neighbours(mod
     assert steps.rows_agree(cache)
     steps.run = lambda tokens, start, cache: row_by_row(tokens, start, cache) + 1e-3 * (len(tokens) > 1)
     assert not steps.rows_agree(cache)
+
+
+@pytest.mark.slow
+def test_compiled_tree_steps_match_the_eager_tree_forward_and_keep_greedy_output(checkpoints, models):
+    """The compiled tree step (verification, and the draft's expansion) computes the eager tree
+    forward's logits to rounding, padding rows included or not; greedy output stays plain's."""
+    target = models["target"]
+    prompt = [5, 9, 2, 7, 1]
+    plain = Engine(target, None, exact=False).generate(prompt, 40, gamma=0).token_ids
+    engine = Engine(target, load_model(checkpoints["related"]), exact=False, compile_target=True,
+                    compile_drafter=True, tree_nodes=6)
+    spec = engine.generate(prompt, 40)
+    assert spec.token_ids == plain and spec.stats.tree_steps > 0
+    assert engine.tree_steps is not None and engine.tree_steps.enabled, "compilation fell back to eager"
+    assert any(steps.enabled for steps in engine.drafter._compiled_tree_steps.values())
+
+    tree = TokenTree()
+    for token, parent in [(3, ROOT), (4, ROOT), (8, 0), (6, 1)]:
+        tree.add(token, parent)
+    model = target.model
+    with torch.inference_mode():
+        for rows in (5, 7):  # exactly the tree, and two padding rows
+            cache = model.new_cache(256)
+            model(torch.tensor([prompt]), 0, cache)
+            eager = run_tree(model, 11, len(prompt), tree, cache)
+            tokens, positions, slots = tree_rows(11, len(prompt), tree, len(tree) + 1)
+            mask = tree_attention_mask(tree, len(prompt) + 1, len(prompt) + len(tree) + 1)
+            compiled_logits = CompiledTreeSteps(model, rows).run(tokens, positions, slots, mask, cache)
+            torch.testing.assert_close(compiled_logits, eager, rtol=1e-4, atol=1e-4)

@@ -16,14 +16,14 @@ from quickdraft.drafters.factory import make_drafter
 from quickdraft.drafters.trees import TreeShape
 from quickdraft.errors import ContextLengthError, QuickdraftError
 from quickdraft.exact import exact_row_bucket, tree_rows_match_chain
-from quickdraft.model.compiled import CompiledSteps, static_capacity
+from quickdraft.model.compiled import CompiledSteps, CompiledTreeSteps, static_capacity
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.loader import LoadedModel, default_draft_dtype, load_model
 from quickdraft.output import GenerationResult, RequestOutput, StreamEvent
 from quickdraft.randomness import TokenSampler, sampler_for
 from quickdraft.sampling import GREEDY, SamplingParams, probabilities
 from quickdraft.stats import GenerationStats
-from quickdraft.tree import TokenTree, run_tree
+from quickdraft.tree import TokenTree, run_tree, tree_attention_mask, tree_rows
 from quickdraft.verify import verify_step, verify_tree
 
 log = logging.getLogger(__name__)
@@ -159,6 +159,8 @@ class Engine:
             log.info("exact mode with token trees runs the target eagerly: its compiled steps attend differently")
             compile_target = False
         self.target_steps = CompiledSteps.shared(self.model, buckets) if compile_target else None
+        self.tree_steps = (CompiledTreeSteps(self.model, self.tree_shape.budget + 1)
+                           if compile_target and self.tree_shape is not None and not self.exact else None)
         self.eos_token_ids = frozenset(self.target.eos_token_ids)
         self._schedulers: dict[int, object] = {}
 
@@ -318,7 +320,8 @@ class Engine:
         cache = self._new_target_cache(capacity)
         sampler = sampler_for(sampling)
         if drafter is not None:
-            drafter.begin(prompt_ids, DraftContext(self.model, cache, capacity, self.vocab_limit))
+            drafter.begin(prompt_ids, DraftContext(self.model, cache, capacity, self.vocab_limit,
+                                                   shape.width if shape is not None else None))
 
         # Prefill every prompt token but the last; the first step feeds the last one together with
         # a draft, so even the first generated token can come from an accepted draft.
@@ -400,6 +403,10 @@ class Engine:
         return self._tree_forward(tokens[-1], len(tokens) - 1, tree, cache, pad_to=pad_to)
 
     def _tree_forward(self, root_token: int, root: int, tree: TokenTree, cache: KVCache, *, pad_to: int) -> torch.Tensor:
+        if self.tree_steps is not None and not pad_to:
+            tokens, positions, slots = tree_rows(root_token, root, tree, len(tree) + 1)
+            mask = tree_attention_mask(tree, root + 1, root + len(tree) + 1)
+            return self.tree_steps.run(tokens, positions, slots, mask, cache)[:, : self.vocab_limit]
         return run_tree(self.model, root_token, root, tree, cache, pad_to=pad_to)[:, : self.vocab_limit]
 
     def _new_target_cache(self, capacity: int) -> KVCache:
@@ -408,6 +415,8 @@ class Engine:
             # The graphs for this capacity, built before the request's clock starts (once: after that,
             # preparing and the exact-mode probe are lookups).
             self.target_steps.prepare(cache)
+            if self.tree_steps is not None:
+                self.tree_steps.prepare(cache)
             if self.exact_rows:
                 self._keep_exact_target_steps(cache)
             cache.reset()

@@ -112,24 +112,33 @@ def tree_attention_mask(tree: TokenTree, prefix: int, window: int, rows: int | N
     return mask
 
 
+def tree_rows(root_token: int, root: int, tree: TokenTree, rows: int) -> tuple[list[int], list[int], list[int]]:
+    """(tokens, positions, slots) of a target forward over a tree: the root token at slot and
+    position ``root`` (the committed tokens before it in slots [0, root)), node i at slot
+    root + 1 + i and position root + depth; ``rows`` - len(tree) - 1 padding rows after them."""
+    n = len(tree) + 1
+    tokens = [root_token, *tree.tokens] + [0] * (rows - n)
+    positions = [root, *(root + d for d in tree.depths), *range(root + n, root + rows)]
+    return tokens, positions, list(range(root, root + rows))
+
+
 def run_tree(model: Transformer, root_token: int, root: int, tree: TokenTree, cache: KVCache, *,
              pad_to: int = 0) -> torch.Tensor:
-    """The target's forward over a tree: the root token at slot and position ``root`` (the
-    committed tokens before it in slots [0, root)), node i at slot root + 1 + i -> logits
-    [len(tree) + 1, vocab]. ``pad_to`` > 0 (exact mode): that many rows attending over the whole
-    cache with the slot-order attention, so every call has the same shapes and a row's bits do not
-    depend on where its ancestors sit."""
+    """The target's eager forward over a tree (``tree_rows``) -> logits [len(tree) + 1, vocab].
+    ``pad_to`` > 0 (exact mode): that many rows attending over the whole cache with the slot-order
+    attention, so every call has the same shapes and a row's bits do not depend on where its
+    ancestors sit."""
     from quickdraft.model.transformer import attend_ordered, attend_sdpa
 
     n = len(tree) + 1
     if pad_to and n > pad_to:
         raise AssertionError(f"{n} rows exceed the exact-mode bucket {pad_to}")
     rows = pad_to or n
+    tokens, positions, slots = tree_rows(root_token, root, tree, rows)
     device = model.device
-    x = torch.tensor([[root_token, *tree.tokens] + [0] * (rows - n)], device=device)
-    positions = torch.tensor([root, *(root + d for d in tree.depths), *range(root + n, root + rows)], device=device)
-    slots = torch.arange(root, root + rows, device=device)
     window = cache.capacity if pad_to else root + rows
     mask = tree_attention_mask(tree, root + 1, window, rows).to(device)
-    logits = model.forward_tree(x, positions, slots, mask, cache, attend=attend_ordered if pad_to else attend_sdpa)
+    logits = model.forward_tree(torch.tensor([tokens], device=device), torch.tensor(positions, device=device),
+                                torch.tensor(slots, device=device), mask, cache,
+                                attend=attend_ordered if pad_to else attend_sdpa)
     return logits[0, :n]

@@ -40,6 +40,7 @@ class DraftContext:
     target_cache: KVCache
     capacity: int
     vocab_limit: int
+    tree_width: int | None = None  # nodes expanded per depth when the request speculates with trees
 
 
 class Drafter(ABC):

@@ -9,7 +9,7 @@ import torch
 from quickdraft.drafters.base import Draft, DraftContext, Drafter, draft_autoregressively
 from quickdraft.drafters.trees import TreeShape, grow_tree, tree_mask_rows
 from quickdraft.errors import VocabularyMismatchError
-from quickdraft.model.compiled import CompiledSteps, static_capacity
+from quickdraft.model.compiled import CompiledSteps, CompiledTreeSteps, static_capacity
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.loader import LoadedModel
 from quickdraft.model.tokenizer import Tokenizer
@@ -50,7 +50,8 @@ class DraftModelDrafter(Drafter):
         self.vocab_limit = draft.config.vocab_size
         self._base = 0  # committed tokens in the cache after the last proposal's pending tokens
         self._fed = 0  # proposed tokens fed into the cache during the last proposal
-        self._tree_slots: list[int | None] = []  # per node of the last tree: the cache slot it was fed at
+        self._tree_slots: list[int | None] = []
+        self._compiled_tree_steps: dict[int, CompiledTreeSteps] = {}  # per node of the last tree: the cache slot it was fed at
 
     def check_compatible(self, target: LoadedModel) -> None:
         if target.tokenizer is not None and self.draft.tokenizer is not None:
@@ -72,6 +73,10 @@ class DraftModelDrafter(Drafter):
             capacity = static_capacity(context.capacity) if self.steps.enabled else context.capacity
             self.cache = self.model.new_cache(capacity)
             self.steps.prepare(self.cache)
+        if context.tree_width is not None:
+            tree_steps = self._tree_steps_for(context.tree_width)
+            if tree_steps is not None:
+                tree_steps.prepare(self.cache)  # before the request's clock starts, as the chain's steps
         self.cache.reset()
         self.vocab_limit = context.vocab_limit
 
@@ -113,18 +118,34 @@ class DraftModelDrafter(Drafter):
             raise AssertionError(f"a {shape.grown_nodes}-node tree after {base} tokens exceeds the draft cache")
         fed: set[int] = set()
 
+        steps = self._tree_steps_for(shape.width)
+
         def expand(tree: TokenTree, nodes: list[int]) -> torch.Tensor:
             fed.update(nodes)
+            tokens = [tree.tokens[i] for i in nodes]
+            positions = [base - 1 + tree.depths[i] for i in nodes]
+            slots = [base + i for i in nodes]
+            mask = tree_mask_rows(tree, nodes, base)
+            assert self.cache is not None
+            if steps is not None:
+                return steps.run(tokens, positions, slots, mask, self.cache)[:, : self.vocab_limit]
             device = self.model.device
-            x = torch.tensor([[tree.tokens[i] for i in nodes]], device=device)
-            positions = torch.tensor([base - 1 + tree.depths[i] for i in nodes], device=device)
-            slots = torch.tensor([base + i for i in nodes], device=device)
-            mask = tree_mask_rows(tree, nodes, base).to(device)
-            return self.model.forward_tree(x, positions, slots, mask, self.cache)[0, :, : self.vocab_limit]
+            logits = self.model.forward_tree(torch.tensor([tokens], device=device), torch.tensor(positions, device=device),
+                                             torch.tensor(slots, device=device), mask.to(device), self.cache)
+            return logits[0, :, : self.vocab_limit]
 
         tree, grown_index = grow_tree(root_logits, expand, shape, sampling, sampler, base)
         self._tree_slots = [base + g if g in fed else None for g in grown_index]
         return tree
+
+    def _tree_steps_for(self, width: int) -> CompiledTreeSteps | None:
+        """Compiled expansion steps of ``width`` rows, when this drafter compiles its steps."""
+        if not self.steps.enabled:
+            return None
+        if width not in self._compiled_tree_steps:
+            self._compiled_tree_steps[width] = CompiledTreeSteps(self.model, width)
+        steps = self._compiled_tree_steps[width]
+        return steps if steps.enabled else None
 
     def accept_path(self, path: list[int]) -> None:
         """Move the accepted nodes' keys and values behind the committed prefix (a fed node's

@@ -55,13 +55,13 @@ if getattr(torch._dynamo.config, "recompile_limit", 0) < 64:
     torch._dynamo.config.recompile_limit = 64
 
 
-def _own_forward_static(model: Transformer) -> Callable[..., torch.Tensor]:
-    """``model.forward_static`` under a code object of its own. dynamo keeps its graphs and guards
-    per code object; with one per CompiledSteps, a call may skip every guard but the shapes that
-    tell this object's graphs apart (a full guard check costs ~0.3 ms a call here: a fifth of the
-    embedded target's bf16 step)."""
-    function = Transformer.forward_static
-    code = function.__code__.replace(co_name=f"forward_static_{id(model):x}")
+def _own_forward_static(model: Transformer, function: Callable[..., torch.Tensor] = Transformer.forward_static,
+                        ) -> Callable[..., torch.Tensor]:
+    """``model.forward_static`` (or another method) under a code object of its own. dynamo keeps its
+    graphs and guards per code object; with one per CompiledSteps, a call may skip every guard but
+    the shapes that tell this object's graphs apart (a full guard check costs ~0.3 ms a call here: a
+    fifth of the embedded target's bf16 step)."""
+    code = function.__code__.replace(co_name=f"{function.__name__}_{id(model):x}")
     own = types.FunctionType(code, function.__globals__, code.co_name, function.__defaults__, function.__closure__)
     return types.MethodType(own, model)
 
@@ -183,3 +183,65 @@ class CompiledSteps:
                                 type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
                     self._compiled = None
         return self.model(torch.tensor([tokens], device=self.model.device), start, cache)[0]
+
+
+# Tree steps verify 9-33 rows, where the C++ GEMM template's step grows steeply (see engine.py's
+# COMPILED_MAX_GAMMA): their graphs fuse everything but the matrix products, which stay ATen's.
+TREE_INDUCTOR_OPTIONS = {"freezing": True}
+
+
+class CompiledTreeSteps:
+    """``run(tokens, positions, slots, mask, cache)`` -> logits [T, vocab] for a token tree's rows
+    (``Transformer.forward_tree``'s arguments, the mask over slots [0, window)), compiled as one
+    graph per (rows, capacity): T rows are padded to ``rows`` (padding rows write scratch slots
+    after the tree's and see only themselves). Falls back to the eager forward, with one warning,
+    where a graph cannot be built; trees that do not fit run eagerly too."""
+
+    def __init__(self, model: Transformer, rows: int, options: dict | None = None) -> None:
+        self.model, self.rows = model, rows
+        self.options = TREE_INDUCTOR_OPTIONS if options is None else options
+        self._compiled = torch.compile(_own_forward_static(model, Transformer.forward_static_tree), dynamic=False,
+                                       fullgraph=True)
+        self._built: set[int] = set()  # capacities
+
+    @property
+    def enabled(self) -> bool:
+        return self._compiled is not None
+
+    def prepare(self, cache: KVCache) -> None:
+        """Build the graph for this cache's capacity now (writing scratch slots from 0 on)."""
+        if self._compiled is None or cache.capacity in self._built:
+            return
+        self.model.prepare_static(cache.capacity)
+        with torch.inference_mode():
+            self.run([0], [0], [0], torch.ones(1, 1, dtype=torch.bool), cache)
+
+    def run(self, tokens: list[int], positions: list[int], slots: list[int], mask: torch.Tensor,
+            cache: KVCache) -> torch.Tensor:
+        n, device = len(tokens), self.model.device
+        scratch = max(slots) + 1
+        if self._compiled is not None and n <= self.rows and scratch + self.rows - n <= cache.capacity:
+            pad = self.rows - n
+            full_mask = torch.zeros(self.rows, cache.capacity, dtype=torch.bool)
+            full_mask[:n, : mask.shape[-1]] = mask
+            pad_slots = list(range(scratch, scratch + pad))
+            full_mask[torch.arange(n, self.rows), pad_slots] = True
+            limit = cache.capacity if self.model.pos_embed is None else self.model.config.block_size
+            args = (torch.tensor([tokens + [0] * pad], device=device),
+                    torch.tensor(positions + [min(p, limit - 1) for p in pad_slots], device=device),
+                    torch.tensor(slots + pad_slots, device=device), full_mask.to(device), cache)
+            try:
+                if cache.capacity in self._built:
+                    with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                        return self._compiled(*args)[0, :n]
+                with torch._inductor.config.patch(self.options if device.type == "cpu" else {}):
+                    logits = self._compiled(*args)[0, :n]
+                self._built.add(cache.capacity)
+                return logits
+            except Exception as exc:  # noqa: BLE001 - eager is always correct
+                log.warning("compiling %d-row tree steps failed (%s: %s); running eagerly", self.rows,
+                            type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+                self._compiled = None
+        x = torch.tensor([tokens], device=device)
+        return self.model.forward_tree(x, torch.tensor(positions, device=device), torch.tensor(slots, device=device),
+                                       mask.to(device), cache)[0]

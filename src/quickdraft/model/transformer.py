@@ -151,6 +151,12 @@ def attend_ordered(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ma
     return (weights.to(values.dtype) @ values).view(batch, n_head, t, d)
 
 
+def attend_matmul(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``_attend_window`` with one mask [T, C] for the batch of 1: compiled tree steps, whose 5-33
+    rows make the broadcast sums of ``_attend_fused`` cost more than two matrix products."""
+    return _attend_window(q, keys, values, mask[None, None])
+
+
 def _attend_window(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Attention of a few query rows over a whole cache window, as two batched matmuls.
 
@@ -371,6 +377,22 @@ class Transformer(nn.Module):
             rope = self._rope(positions, cache.capacity)  # prepare_static built the table: no rebuild when traced
         x = self._run_layers(x, rope, cache, positions, cache.capacity, mask, self.config.n_layer)
         if self._lm_head_t is None:  # a large LM head is not worth a second copy
+            return self.lm_head(self.norm(x))
+        return self.norm(x) @ self._lm_head_t
+
+    def forward_static_tree(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                            mask: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """``forward_static`` for token trees: tokens [1, T] at ``positions`` [T], written to cache
+        ``slots`` [T], each row attending to the slots ``mask`` [T, capacity] marks -> logits
+        [1, T, vocab]. Shapes depend on T and the capacity only (compiled by ``CompiledTreeSteps``)."""
+        x = self.embed(tokens)
+        rope = None
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(positions)
+        else:
+            rope = self._rope(positions, cache.capacity)
+        x = self._run_layers(x, rope, cache, slots, cache.capacity, mask, self.config.n_layer, attend=attend_matmul)
+        if self._lm_head_t is None:
             return self.lm_head(self.norm(x))
         return self.norm(x) @ self._lm_head_t
 
