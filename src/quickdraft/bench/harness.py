@@ -36,6 +36,7 @@ from quickdraft.bench.llama_cpp import DRAFT_MAX, LlamaCpp, LlamaCppRun, same_ou
 from quickdraft.drafters.base import Draft, DraftContext, Drafter
 from quickdraft.drafters.factory import make_drafter
 from quickdraft.engine import Engine, engine_max_gamma, expected_speedup
+from quickdraft.drafters.trees import TreeShape
 from quickdraft.tree import TokenTree
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.compiled import static_capacity
@@ -480,7 +481,11 @@ class Bench:
         log.info("bench: %d configurations x %d prompts x %d rounds", len(runs), len(prompts), s.repeats)
 
         bar = _progress(len(runs) * (1 + s.repeats * len(prompts)), self.progress)
-        warmups = warmup_prompts(prompt_ids, s.max_new_tokens, engine_max_gamma(s.max_gamma, s.compile_target))
+        # Scratch slots past the output: a chain's γ + 1 rows, a tree's grown nodes (its capacity classes may differ).
+        warmups: list[list[int]] = []
+        for scratch in {engine_max_gamma(s.max_gamma, s.compile_target),
+                        *(TreeShape.for_budget(nodes).grown_nodes for nodes in s.trees)}:
+            warmups += [ids for ids in warmup_prompts(prompt_ids, s.max_new_tokens, scratch) if ids not in warmups]
         for method, runner in runs:  # warm-up: a full generation per cache size the rounds will use
             bar.set_description(f"warm-up {method.name}")
             for ids in warmups:
