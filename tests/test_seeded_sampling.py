@@ -94,3 +94,17 @@ def test_coupled_draw_follows_the_distribution():
         counts[CoupledSampler(seed).draw(probs, position=3)] += 1
     assert counts[4] == 0
     assert chisquare(counts[:4].numpy(), (probs[:4] * n).numpy()).pvalue > 0.001
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["T0.8", "T1.2-topk-topp"])
+def test_seeded_tree_speculation_equals_seeded_plain_decoding(engines, sampling):
+    """The coupled rule walks a tree on the target's own sampled tokens: every drafter's trees give
+    seeded plain decoding's text (exact mode, bit for bit)."""
+    target = engines["related"].target
+    for name, engine in engines.items():
+        tree_engine = Engine(target, engine.drafter, tree_nodes=6)
+        for prompt in PROMPTS:
+            plain = tree_engine.generate(prompt, NEW_TOKENS, sampling, gamma=0)
+            spec = tree_engine.generate(prompt, NEW_TOKENS, sampling)
+            assert spec.token_ids == plain.token_ids, f"{name} prompt={prompt}"
+            assert spec.stats.tree_steps > 0
