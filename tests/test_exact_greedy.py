@@ -111,12 +111,13 @@ def test_greedy_tree_speculation_equals_plain_greedy(dtype_models):
     dtype, loaded = dtype_models
     engines = {name: Engine(loaded["target"], loaded.get(name, name), tree_nodes=TREE_NODES)
                for name in ("related", "unrelated", "early-exit:1", "prompt-lookup")}
+    engines["related auto"] = Engine(loaded["target"], loaded["related"], tree_nodes="auto")  # trees and chains
     for name, engine in engines.items():
         assert engine.exact and engine.tree_shape is not None, f"exact trees unavailable for {dtype} ({name})"
     tree_steps = {name: 0 for name in engines}
     for prompt in prompts(8):
-        plain = engines["related"].generate(prompt, 64, gamma=0)
         for name, engine in engines.items():
+            plain = engine.generate(prompt, 64, gamma=0)  # exact mode's promise: this engine decoding plainly
             spec = engine.generate(prompt, 64)
             assert spec.token_ids == plain.token_ids, f"{dtype} {name} prompt={prompt}"
             tree_steps[name] += spec.stats.tree_steps

@@ -21,6 +21,7 @@ from quickdraft.model.kv_cache import KVCache
 from quickdraft.randomness import sampler_for
 from quickdraft.sampling import GREEDY, SamplingParams, probabilities
 from quickdraft.tree import ROOT, TokenTree, tree_attention_mask
+from quickdraft.tree_budget import CHAIN, TreeBudgetController
 from quickdraft.verify import verify_tree
 from test_sampling_exact import ALPHA, chi_square_p
 
@@ -175,3 +176,16 @@ def test_rejection_trees_keep_every_drawn_child_and_coupled_trees_rerank():
             assert all(len(tree.children(p)) == 2 for p in set(tree.parents))
         else:
             assert len(set(grown)) == 6 and not tree.child_q
+
+
+def test_auto_budget_tries_every_arm_then_runs_the_fastest_and_still_explores():
+    controller = TreeBudgetController((4, 8), first_tries=1, explore_every=5)
+    speed = {CHAIN: 100.0, 4: 300.0, 8: 200.0}  # tokens per second of each arm
+    chosen = []
+    for _ in range(20):
+        arm = controller.choose()
+        chosen.append(arm)
+        controller.observe(arm, tokens=3, seconds=3 / speed[arm])
+    assert chosen[:3] == [CHAIN, 4, 8]
+    assert chosen[3:].count(4) >= 13  # the fastest runs, but for the exploration steps
+    assert {CHAIN, 8} <= set(chosen[3:])  # the others are measured again now and then

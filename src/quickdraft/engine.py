@@ -13,7 +13,7 @@ import torch
 
 from quickdraft.drafters.base import Draft, DraftContext, Drafter
 from quickdraft.drafters.factory import make_drafter
-from quickdraft.drafters.trees import TreeShape
+from quickdraft.drafters.trees import AUTO_TREE_BUDGETS, TreeShape
 from quickdraft.errors import ContextLengthError, QuickdraftError
 from quickdraft.exact import exact_row_bucket, tree_rows_match_chain
 from quickdraft.model.compiled import CompiledSteps, CompiledTreeSteps, static_capacity
@@ -23,6 +23,7 @@ from quickdraft.output import GenerationResult, RequestOutput, StreamEvent
 from quickdraft.randomness import TokenSampler, sampler_for
 from quickdraft.sampling import GREEDY, SamplingParams, probabilities
 from quickdraft.stats import GenerationStats
+from quickdraft.tree_budget import TreePlan
 from quickdraft.tree import TokenTree, run_tree, tree_attention_mask, tree_rows
 from quickdraft.verify import verify_step, verify_tree
 
@@ -109,7 +110,7 @@ class Engine:
         draft_dtype: str | torch.dtype | None = None,
         compile_drafter: bool = False,
         compile_target: bool = False,
-        tree_nodes: int | None = None,
+        tree_nodes: int | str | None = None,
     ) -> None:
         """``draft_dtype``: a draft model's dtype (default: ``default_draft_dtype``, fp32 on CPU).
         ``compile_drafter``: run the draft model's 1- and 2-row steps through torch.compile (seconds
@@ -120,7 +121,8 @@ class Engine:
         target). Exact mode uses them when a probe finds each row's bits the same in every bucket,
         else one bucket for every call, else eager steps.
         ``tree_nodes``: speculate with token trees of this many nodes per step (``TreeShape.for_budget``;
-        None: chains of γ tokens). Exact mode then pads every target forward to hold a whole tree and
+        None: chains of γ tokens; "auto": each request measures chains and trees of AUTO_TREE_BUDGETS
+        nodes as it goes and runs whichever gives the most tokens per second, ``tree_budget``). Exact mode then pads every target forward to hold a whole tree and
         runs them eagerly (a probe checks that tree rows get the bits of the same tokens fed as a
         chain; where they do not, exact mode speculates with chains)."""
         if not isinstance(max_gamma, int) or max_gamma < 1:
@@ -142,25 +144,32 @@ class Engine:
         if draft_dtype is None:
             draft_dtype = default_draft_dtype(dtype, device)
         self.drafter = make_drafter(drafter, self.target, dtype=draft_dtype, device=device, compile=compile_drafter)
-        self.tree_shape = TreeShape.for_budget(tree_nodes) if tree_nodes is not None else None
+        self.tree_auto = tree_nodes == "auto"
+        budgets = AUTO_TREE_BUDGETS if self.tree_auto else (() if tree_nodes is None else (tree_nodes,))
+        self.tree_shapes = {budget: TreeShape.for_budget(budget) for budget in budgets}  # type: ignore[arg-type]
+        self.tree_shape = self.tree_shapes[max(self.tree_shapes)] if self.tree_shapes else None  # the largest
         if self.tree_shape is not None and self.drafter is None:
             raise QuickdraftError("token trees need a drafter: pass drafter=... (or leave tree_nodes unset)")
         self.exact_rows: int | None = None
         if exact:
-            self.exact_rows = exact_row_bucket(self.model, max(max_gamma, tree_nodes or 0) + 1)
+            self.exact_rows = exact_row_bucket(self.model, max(max_gamma, self.tree_shape.budget if self.tree_shape else 0) + 1)
             if self.exact_rows is None:
                 log.warning("no row count up to 64 gives row-invariant kernels on this platform; exact mode is off")
             elif self.tree_shape is not None and not tree_rows_match_chain(self.model, self.exact_rows):
                 log.warning("tree rows do not get the bits of the same tokens fed as a chain on this platform; "
                             "exact mode speculates with chains")
-                self.tree_shape = None
+                self.tree_shape, self.tree_shapes = None, {}
+        # One plan per engine: what a tree is worth is a fact of the pair and the machine, measured
+        # across requests ("auto" tries every arm once per engine, not per request).
+        self._tree_plan = TreePlan(self.tree_shapes, self.tree_auto) if self.tree_shapes else None
         buckets = row_buckets(max_gamma + 1) if self.drafter is not None else (1,)
         if compile_target and self.exact and self.tree_shape is not None:
             log.info("exact mode with token trees runs the target eagerly: its compiled steps attend differently")
             compile_target = False
         self.target_steps = CompiledSteps.shared(self.model, buckets) if compile_target else None
-        self.tree_steps = (CompiledTreeSteps(self.model, self.tree_shape.budget + 1)
-                           if compile_target and self.tree_shape is not None and not self.exact else None)
+        # Compiled tree verification outside exact mode: a graph per budget, its rows the root and the nodes.
+        self.tree_steps = ({budget + 1: CompiledTreeSteps(self.model, budget + 1) for budget in self.tree_shapes}
+                           if compile_target and not self.exact else {})
         self.eos_token_ids = frozenset(self.target.eos_token_ids)
         self._schedulers: dict[int, object] = {}
 
@@ -279,16 +288,16 @@ class Engine:
         self.check_lengths(len(prompt_ids), max_new_tokens)
         if tree and self.tree_shape is None:
             raise QuickdraftError("this engine speculates with chains: build it with tree_nodes=N for token trees")
-        shape = self.tree_shape if tree is not False and gamma != 0 else None
+        plan = self._tree_plan if self.tree_shapes and tree is not False and gamma != 0 else None
         drafter = self.drafter if gamma != 0 else None
         # γ is unused when trees speculate: any value passes.
-        controller = GammaController(gamma if shape is None else "auto", self.max_gamma,
+        controller = GammaController(gamma if plan is None else "auto", self.max_gamma,
                                      drafter.relative_cost_hint if drafter else 0.0,
                                      self._verify_cost)
         stats = GenerationStats(prompt_tokens=len(prompt_ids), exact=self.exact, exact_rows=self.exact_rows,
                                 drafter=drafter.name if drafter else None)
         output = RequestOutput(self.decode, stop, self.eos_token_ids, max_new_tokens, prompt_ids, stats)
-        for new_ids in self._decode_loop(prompt_ids, max_new_tokens, sampling, drafter, controller, stats, shape):
+        for new_ids in self._decode_loop(prompt_ids, max_new_tokens, sampling, drafter, controller, stats, plan):
             event = output.add(new_ids)
             if event is not None:
                 yield event
@@ -308,12 +317,12 @@ class Engine:
         drafter: Drafter | None,
         controller: GammaController,
         stats: GenerationStats,
-        shape: TreeShape | None = None,
+        plan: TreePlan | None = None,
     ) -> Iterator[list[int]]:
         """Yields the tokens committed at each step. Invariant: after each step the target cache
         holds every committed token but the last (which the next forward feeds)."""
         rows = self.exact_rows or 0
-        scratch = max(rows, self.max_gamma + 1, shape.grown_nodes + 1 if shape else 0)
+        scratch = max(rows, self.max_gamma + 1, plan.largest.grown_nodes + 1 if plan else 0)
         capacity = _round_up(len(prompt_ids) + max_new_tokens + scratch, CACHE_ROUNDING)
         if self.target_steps is not None:
             capacity = static_capacity(capacity)  # compiled steps are shaped by it: few distinct values
@@ -321,7 +330,7 @@ class Engine:
         sampler = sampler_for(sampling)
         if drafter is not None:
             drafter.begin(prompt_ids, DraftContext(self.model, cache, capacity, self.vocab_limit,
-                                                   shape.width if shape is not None else None))
+                                                   plan.largest.width if plan is not None else None))
 
         # Prefill every prompt token but the last; the first step feeds the last one together with
         # a draft, so even the first generated token can come from an accepted draft.
@@ -336,11 +345,14 @@ class Engine:
         generated = 0
         confidence_stop = self.confidence_stop if controller.auto else None
         while generated < max_new_tokens:
+            step_start = time.perf_counter()
+            shape = plan.next_shape() if plan is not None else None
             if shape is not None and drafter is not None and max_new_tokens - generated > 1:
                 new = self._tree_step(tokens, cache, drafter, shape, max_new_tokens - generated - 1, sampling, sampler,
                                       stats)
                 generated += len(new)
                 stats.decode_seconds = time.perf_counter() - decode_start
+                plan.observe(len(new), time.perf_counter() - step_start)  # type: ignore[union-attr]
                 yield new
                 continue
             k = min(controller.next_gamma(), max_new_tokens - generated - 1) if drafter is not None else 0
@@ -369,6 +381,8 @@ class Engine:
             controller.observe(len(draft.tokens), n, drafter_seconds, target_seconds)
             generated += len(new)
             stats.decode_seconds = time.perf_counter() - decode_start
+            if plan is not None:
+                plan.observe(len(new), time.perf_counter() - step_start)
             yield new
 
     def _tree_step(self, tokens: list[int], cache: KVCache, drafter: Drafter, shape: TreeShape, room: int,
@@ -403,10 +417,11 @@ class Engine:
         return self._tree_forward(tokens[-1], len(tokens) - 1, tree, cache, pad_to=pad_to)
 
     def _tree_forward(self, root_token: int, root: int, tree: TokenTree, cache: KVCache, *, pad_to: int) -> torch.Tensor:
-        if self.tree_steps is not None and not pad_to:
+        rows = min((r for r in self.tree_steps if r > len(tree)), default=None)
+        if rows is not None and not pad_to:
             tokens, positions, slots = tree_rows(root_token, root, tree, len(tree) + 1)
             mask = tree_attention_mask(tree, root + 1, root + len(tree) + 1)
-            return self.tree_steps.run(tokens, positions, slots, mask, cache)[:, : self.vocab_limit]
+            return self.tree_steps[rows].run(tokens, positions, slots, mask, cache)[:, : self.vocab_limit]
         return run_tree(self.model, root_token, root, tree, cache, pad_to=pad_to)[:, : self.vocab_limit]
 
     def _new_target_cache(self, capacity: int) -> KVCache:
@@ -415,8 +430,8 @@ class Engine:
             # The graphs for this capacity, built before the request's clock starts (once: after that,
             # preparing and the exact-mode probe are lookups).
             self.target_steps.prepare(cache)
-            if self.tree_steps is not None:
-                self.tree_steps.prepare(cache)
+            for tree_steps in self.tree_steps.values():
+                tree_steps.prepare(cache)
             if self.exact_rows:
                 self._keep_exact_target_steps(cache)
             cache.reset()

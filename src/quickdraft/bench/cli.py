@@ -21,8 +21,11 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def _tree_list(text: str) -> tuple[int, ...]:
-    return () if text.strip() == "0" else _int_list(text)
+def _tree_list(text: str) -> tuple[int | str, ...]:
+    if text.strip() == "0":
+        return ()
+    auto = tuple(v.strip() for v in text.split(",") if v.strip() == "auto")
+    return _int_list(",".join(v for v in text.split(",") if v.strip() != "auto")) + auto
 
 
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -41,8 +44,8 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, help="measured rounds after the warm-up")
     p.add_argument("--gammas", type=_int_list, help="fixed γ values for greedy draft-model runs, e.g. 1,2,4")
     p.add_argument("--sampling-gammas", type=_int_list, help="fixed γ values for sampling runs")
-    p.add_argument("--trees", type=_tree_list, help="token-tree node budgets to run beside the chains "
-                   "(default 16; 0 for chains only)")
+    p.add_argument("--trees", type=_tree_list, help="token-tree node budgets to run beside the chains, "
+                   "'auto' among them (default 16; 0 for chains only)")
     p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)")
     p.add_argument("--max-gamma", type=int, help="the engines' max_gamma (default 8); exact mode's row bucket "
                    "is at least max_gamma + 1")

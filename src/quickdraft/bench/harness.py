@@ -36,7 +36,7 @@ from quickdraft.bench.llama_cpp import DRAFT_MAX, LlamaCpp, LlamaCppRun, same_ou
 from quickdraft.drafters.base import Draft, DraftContext, Drafter
 from quickdraft.drafters.factory import make_drafter
 from quickdraft.engine import Engine, engine_max_gamma, expected_speedup
-from quickdraft.drafters.trees import TreeShape
+from quickdraft.drafters.trees import AUTO_TREE_BUDGETS, TreeShape
 from quickdraft.tree import TokenTree
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.compiled import static_capacity
@@ -86,7 +86,7 @@ class BenchSettings:
     gammas: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
     sampling_gammas: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
     temperature: float = 0.8
-    trees: tuple[int, ...] = (16,)  # token-tree node budgets to run (draft model greedy, exact and sampled;
+    trees: tuple[int | str, ...] = (16,)  # token-tree node budgets (or "auto") to run (draft model greedy, exact and sampled;
     # early exit and prompt lookup greedy); () for chains only
     max_gamma: int = 8  # the engines' max_gamma: the largest γ, and exact mode's row bucket (>= max_gamma + 1)
     exact: bool = True  # also run exact-mode variants (reported beside, never as the baseline)
@@ -120,7 +120,7 @@ class Method:
     exact: bool
     temperature: float
     rule: str = "auto"  # SamplingParams.rule; the bench seeds every run, so "auto" is the coupled rule
-    tree: int | None = None  # token trees of this many nodes instead of chains
+    tree: int | str | None = None  # token trees of this many nodes (or "auto") instead of chains
 
     @property
     def greedy(self) -> bool:
@@ -300,7 +300,7 @@ class Bench:
         modes = [False, True] if s.exact else [False]
         engines: dict[tuple[str, bool], Engine] = {}
 
-        def engine(kind: str, exact: bool, tree: int | None = None) -> Engine:
+        def engine(kind: str, exact: bool, tree: int | str | None = None) -> Engine:
             key = (kind, exact, tree)
             if key not in engines:
                 drafter = None
@@ -319,7 +319,7 @@ class Bench:
             return engines[key]
 
         def add(name: str, family: str, gamma: int | str, exact: bool, temperature: float, rule: str = "auto",
-                tree: int | None = None) -> None:
+                tree: int | str | None = None) -> None:
             method = Method(name, family, gamma, exact, temperature, rule, tree)
             runs.append((method, OurRunner(engine(family, exact, tree), method)))
 
@@ -484,7 +484,8 @@ class Bench:
         # Scratch slots past the output: a chain's γ + 1 rows, a tree's grown nodes (its capacity classes may differ).
         warmups: list[list[int]] = []
         for scratch in {engine_max_gamma(s.max_gamma, s.compile_target),
-                        *(TreeShape.for_budget(nodes).grown_nodes for nodes in s.trees)}:
+                        *(TreeShape.for_budget(max(AUTO_TREE_BUDGETS) if nodes == "auto" else nodes).grown_nodes
+                          for nodes in s.trees)}:
             warmups += [ids for ids in warmup_prompts(prompt_ids, s.max_new_tokens, scratch) if ids not in warmups]
         for method, runner in runs:  # warm-up: a full generation per cache size the rounds will use
             bar.set_description(f"warm-up {method.name}")

@@ -22,9 +22,8 @@ from quickdraft.randomness import CoupledSampler, MultinomialSampler, TokenSampl
 from quickdraft.sampling import SamplingParams, probabilities
 from quickdraft.tree import ROOT, TokenTree
 
-# Measured on the embedded pair (BENCHMARKS.md, "Token trees"): budget 16 nodes, depth 8, 2 nodes
-# expanded per depth with 2 children each.
-DEFAULT_TREE_NODES = 16
+# The budgets tree_nodes="auto" measures, besides chains (tree_budget.py).
+AUTO_TREE_BUDGETS = (4, 8, 16)
 
 
 @dataclass(frozen=True)
@@ -76,11 +75,13 @@ def grow_tree(
     frontier, rows = [ROOT], root_logits[None]
     for depth in range(1, shape.depth + 1):
         created = []
-        for parent, logits in zip(frontier, rows):
+        # One call for the whole frontier: log q when greedy, else q under the request's sampling.
+        dists = torch.log_softmax(rows.float(), -1) if sampling.greedy else probabilities(rows, sampling)
+        for parent, dist in zip(frontier, dists):
             room = cap - len(tree)
             if room <= 0:
                 break
-            tokens, log_q, q = _children(logits, min(shape.branching, room), sampling, sampler,
+            tokens, log_q, q = _children(dist, min(shape.branching, room), sampling, sampler,
                                          first_position + depth - 1)
             if q is not None:
                 tree.child_q[parent] = q
@@ -102,16 +103,15 @@ def grow_tree(
 
 
 def _children(
-    logits: torch.Tensor, k: int, sampling: SamplingParams, sampler: TokenSampler, position: int,
+    dist: torch.Tensor, k: int, sampling: SamplingParams, sampler: TokenSampler, position: int,
 ) -> tuple[list[int], list[float], torch.Tensor | None]:
-    """Up to k children from one node's logits [vocab], for sequence position ``position``:
-    (tokens in drawing order, their log q, the q they were drawn from without replacement, or None
-    when they are not a random draw)."""
+    """Up to k children of one node, for sequence position ``position``, from its distribution
+    [vocab] (log q when greedy, else q): (tokens in drawing order, their log q, the q they were
+    drawn from without replacement, or None when they are not a random draw)."""
     if sampling.greedy:
-        log_q = torch.log_softmax(logits.float(), -1)
-        top = log_q.topk(k)
+        top = dist.topk(k)
         return top.indices.tolist(), top.values.tolist(), None
-    q = probabilities(logits, sampling)
+    q = dist
     k = min(k, int((q > 0).sum()))
     if isinstance(sampler, CoupledSampler):
         # The target's token at this position is the race's winner argmax p / E: race q the same way.
