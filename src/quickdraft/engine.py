@@ -472,10 +472,14 @@ class Engine:
         n = len(tokens)
         if self.target_steps is not None and cache.length > 0:
             return self.target_steps.run(tokens, cache.length, cache)[:, : self.vocab_limit]
-        if pad_to:  # the chain as a width-1 tree: every exact-mode row is computed the same way
+        if pad_to and self.tree_shapes:
+            # The chain as a width-1 tree: with trees, every exact-mode row needs the slot-order attention.
             return self._tree_forward(tokens[0], cache.length, TokenTree.chain(tokens[1:]), cache, pad_to=pad_to)
-        x = torch.tensor([tokens], device=self.device)
-        return self.model(x, cache.length, cache)[0, :, : self.vocab_limit]
+        if pad_to and n > pad_to:
+            raise AssertionError(f"{n} rows exceed the exact-mode bucket {pad_to}")
+        padded = tokens + [0] * (pad_to - n) if pad_to else tokens
+        x = torch.tensor([padded], device=self.device)
+        return self.model(x, cache.length, cache, full_window=bool(pad_to))[0, :n, : self.vocab_limit]
 
 
 def engine_max_gamma(max_gamma: int, compile_target: bool) -> int:
