@@ -319,9 +319,9 @@ class Bench:
             return engines[key]
 
         def add(name: str, family: str, gamma: int | str, exact: bool, temperature: float, rule: str = "auto",
-                tree: int | str | None = None) -> None:
+                tree: int | str | None = None, engine_kind: str | None = None) -> None:
             method = Method(name, family, gamma, exact, temperature, rule, tree)
-            runs.append((method, OurRunner(engine(family, exact, tree), method)))
+            runs.append((method, OurRunner(engine(engine_kind or family, exact, tree), method)))
 
         max_gamma = engine_max_gamma(s.max_gamma, s.compile_target)
         too_big = sorted({g for g in (*s.gammas, *s.sampling_gammas) if g > max_gamma})
@@ -346,6 +346,10 @@ class Bench:
                     add(f"draft tree {nodes}{suffix}", "draft", "auto", False, temperature, tree=nodes)
                     if temperature == 0 and s.exact:
                         add(f"draft tree {nodes} exact", "draft", "auto", True, temperature, tree=nodes)
+                        # Exact mode's promise is per engine: a tree engine pads every forward to hold a
+                        # tree and attends in slot order, so its own plain decoding is the reference.
+                        add(f"{PLAIN_EXACT} tree {nodes}", "plain", 0, True, temperature, tree=nodes,
+                            engine_kind="draft")
                     if temperature > 0:
                         add(f"draft tree {nodes} rejection{suffix}", "draft", "auto", False, temperature, "rejection",
                             tree=nodes)
@@ -650,6 +654,8 @@ def summarize(methods: list[Method], rounds: list[dict[str, RoundResult]], kinds
         # decoding's tokens (bit for bit in exact mode; outside it up to last-bit ties).
         elif m.greedy or (not m.peer and m.rule in ("auto", "coupled")):
             reference = (BASELINE if not m.exact else PLAIN_EXACT) + ("" if m.greedy else f" T={m.temperature:g}")
+            if m.exact and m.tree is not None:  # the tree engine's own plain decoding (none for itself)
+                reference = f"{PLAIN_EXACT} tree {m.tree}" if m.family != "plain" else ""
             if reference in rounds[0]:
                 same = [r.outputs == rd[reference].outputs for r, rd in zip(per_round, rounds)]
                 per_prompt = [all(rd[m.name].outputs[i] == rd[reference].outputs[i] for rd in rounds)
