@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from quickdraft import Engine, QuickdraftError
+from quickdraft import Engine
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.model import compiled, transformer
 from quickdraft.model.compiled import CompiledSteps, CompiledTreeSteps, static_capacity

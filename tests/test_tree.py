@@ -9,7 +9,6 @@ chi-square test of test_sampling_exact. A rule that accepts the first sibling wh
 
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
 import pytest
