@@ -171,3 +171,15 @@ def test_subnormal_top_p_keeps_the_most_likely_token(text_pair):
     greedy = engine.generate(PROMPT, 12, gamma=0)
     narrow = engine.generate(PROMPT, 12, SamplingParams(temperature=1.0, top_p=5e-324, seed=3), gamma=0)
     assert narrow.token_ids == greedy.token_ids
+
+
+def test_tree_requests_without_trees_or_without_a_drafter_are_clear_errors(models):
+    with pytest.raises(QuickdraftError, match="token trees need a drafter"):
+        Engine(models["target"], None, tree_nodes=8)
+    with pytest.raises(QuickdraftError, match="tree budget must be an integer >= 1"):
+        Engine(models["target"], "prompt-lookup", tree_nodes=0)
+    chains = Engine(models["target"], "prompt-lookup")
+    with pytest.raises(QuickdraftError, match="build it with tree_nodes=N"):
+        chains.generate([1, 2, 3], 4, tree=True)
+    trees = Engine(models["target"], "prompt-lookup", tree_nodes=4)
+    assert trees.generate([1, 2, 3, 1, 2], 8, tree=False).stats.tree_steps == 0  # a chain on request

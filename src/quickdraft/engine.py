@@ -149,7 +149,8 @@ class Engine:
         self.tree_shapes = {budget: TreeShape.for_budget(budget) for budget in budgets}  # type: ignore[arg-type]
         self.tree_shape = self.tree_shapes[max(self.tree_shapes)] if self.tree_shapes else None  # the largest
         if self.tree_shape is not None and self.drafter is None:
-            raise QuickdraftError("token trees need a drafter: pass drafter=... (or leave tree_nodes unset)")
+            raise QuickdraftError("token trees need a drafter: give one (drafter=..., or --draft / --drafter on "
+                                  "the command line), or leave tree_nodes unset")
         self.exact_rows: int | None = None
         if exact:
             self.exact_rows = exact_row_bucket(self.model, max(max_gamma, self.tree_shape.budget if self.tree_shape else 0) + 1)
