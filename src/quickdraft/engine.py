@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 import dataclasses
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -23,8 +23,8 @@ from quickdraft.output import GenerationResult, RequestOutput, StreamEvent
 from quickdraft.randomness import TokenSampler, sampler_for
 from quickdraft.sampling import GREEDY, SamplingParams, probabilities
 from quickdraft.stats import GenerationStats
-from quickdraft.tree_budget import TreePlan
 from quickdraft.tree import TokenTree, run_tree, tree_attention_mask, tree_rows
+from quickdraft.tree_budget import TreePlan
 from quickdraft.verify import verify_step, verify_tree
 
 log = logging.getLogger(__name__)
@@ -121,10 +121,11 @@ class Engine:
         target). Exact mode uses them when a probe finds each row's bits the same in every bucket,
         else one bucket for every call, else eager steps.
         ``tree_nodes``: speculate with token trees of this many nodes per step (``TreeShape.for_budget``;
-        None: chains of γ tokens; "auto": each request measures chains and trees of AUTO_TREE_BUDGETS
-        nodes as it goes and runs whichever gives the most tokens per second, ``tree_budget``). Exact mode then pads every target forward to hold a whole tree and
-        runs them eagerly (a probe checks that tree rows get the bits of the same tokens fed as a
-        chain; where they do not, exact mode speculates with chains)."""
+        None: chains of γ tokens; "auto": the engine measures chains and trees of AUTO_TREE_BUDGETS
+        nodes as it decodes and runs whichever gives the most tokens per second, ``tree_budget``).
+        Exact mode then pads every target forward to hold a whole tree and runs them eagerly (a
+        probe checks that tree rows get the bits of the same tokens fed as a chain; where they do
+        not, exact mode speculates with chains)."""
         if not isinstance(max_gamma, int) or max_gamma < 1:
             raise QuickdraftError(f"max_gamma must be an integer >= 1, got {max_gamma!r}")
         max_gamma = engine_max_gamma(max_gamma, compile_target)
@@ -144,25 +145,24 @@ class Engine:
         if draft_dtype is None:
             draft_dtype = default_draft_dtype(dtype, device)
         self.drafter = make_drafter(drafter, self.target, dtype=draft_dtype, device=device, compile=compile_drafter)
-        self.tree_auto = tree_nodes == "auto"
-        budgets = AUTO_TREE_BUDGETS if self.tree_auto else (() if tree_nodes is None else (tree_nodes,))
+        budgets = AUTO_TREE_BUDGETS if tree_nodes == "auto" else (() if tree_nodes is None else (tree_nodes,))
         self.tree_shapes = {budget: TreeShape.for_budget(budget) for budget in budgets}  # type: ignore[arg-type]
-        self.tree_shape = self.tree_shapes[max(self.tree_shapes)] if self.tree_shapes else None  # the largest
         if self.tree_shape is not None and self.drafter is None:
             raise QuickdraftError("token trees need a drafter: give one (drafter=..., or --draft / --drafter on "
                                   "the command line), or leave tree_nodes unset")
         self.exact_rows: int | None = None
         if exact:
-            self.exact_rows = exact_row_bucket(self.model, max(max_gamma, self.tree_shape.budget if self.tree_shape else 0) + 1)
+            largest_tree = self.tree_shape.budget if self.tree_shape else 0
+            self.exact_rows = exact_row_bucket(self.model, max(max_gamma, largest_tree) + 1)
             if self.exact_rows is None:
                 log.warning("no row count up to 64 gives row-invariant kernels on this platform; exact mode is off")
             elif self.tree_shape is not None and not tree_rows_match_chain(self.model, self.exact_rows):
                 log.warning("tree rows do not get the bits of the same tokens fed as a chain on this platform; "
                             "exact mode speculates with chains")
-                self.tree_shape, self.tree_shapes = None, {}
+                self.tree_shapes = {}
         # One plan per engine: what a tree is worth is a fact of the pair and the machine, measured
         # across requests ("auto" tries every arm once per engine, not per request).
-        self._tree_plan = TreePlan(self.tree_shapes, self.tree_auto) if self.tree_shapes else None
+        self._tree_plan = TreePlan(self.tree_shapes, tree_nodes == "auto") if self.tree_shapes else None
         buckets = row_buckets(max_gamma + 1) if self.drafter is not None else (1,)
         if compile_target and self.exact and self.tree_shape is not None:
             log.info("exact mode with token trees runs the target eagerly: its compiled steps attend differently")
@@ -177,6 +177,11 @@ class Engine:
     @property
     def exact(self) -> bool:
         return self.exact_rows is not None
+
+    @property
+    def tree_shape(self) -> TreeShape | None:
+        """The largest tree this engine speculates with (None: chains only)."""
+        return self.tree_shapes[max(self.tree_shapes)] if self.tree_shapes else None
 
     # ---- input handling ---------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
@@ -351,40 +356,47 @@ class Engine:
             if shape is not None and drafter is not None and max_new_tokens - generated > 1:
                 new = self._tree_step(tokens, cache, drafter, shape, max_new_tokens - generated - 1, sampling, sampler,
                                       stats)
-                generated += len(new)
-                stats.decode_seconds = time.perf_counter() - decode_start
-                plan.observe(len(new), time.perf_counter() - step_start)  # type: ignore[union-attr]
-                yield new
-                continue
-            k = min(controller.next_gamma(), max_new_tokens - generated - 1) if drafter is not None else 0
-            draft = Draft([], None)
-            drafter_seconds = None
-            if k > 0:
-                t0 = time.perf_counter()
-                draft = drafter.propose(tokens, k, sampling, sampler, confidence_stop)
-                elapsed = time.perf_counter() - t0
-                stats.drafter_seconds += elapsed
-                stats.drafter_calls += draft.forward_calls
-                drafter_seconds = elapsed / draft.forward_calls if draft.forward_calls else None
-            t0 = time.perf_counter()
-            logits = self._target_forward([tokens[-1], *draft.tokens], cache, pad_to=rows)
-            p = None if sampling.greedy else probabilities(logits, sampling)
-            n, nxt = verify_step(draft.tokens, draft.q, logits, p, sampling, sampler, len(tokens))
-            target_seconds = time.perf_counter() - t0
-            stats.target_seconds += target_seconds
-            new = [*draft.tokens[:n], nxt]
-            tokens.extend(new)
-            sampler.forget_before(len(tokens))
-            cache.set_length(len(tokens) - 1)
-            if drafter is not None and k > 0:
-                drafter.accept(n)
-            stats.record_step(len(draft.tokens), n)
-            controller.observe(len(draft.tokens), n, drafter_seconds, target_seconds)
+            else:
+                new = self._chain_step(tokens, cache, drafter, controller, max_new_tokens - generated - 1, sampling,
+                                       sampler, confidence_stop, rows, stats)
             generated += len(new)
             stats.decode_seconds = time.perf_counter() - decode_start
             if plan is not None:
                 plan.observe(len(new), time.perf_counter() - step_start)
             yield new
+
+    def _chain_step(self, tokens: list[int], cache: KVCache, drafter: Drafter | None, controller: GammaController,
+                    room: int, sampling: SamplingParams, sampler: TokenSampler, confidence_stop: float | None,
+                    rows: int, stats: GenerationStats) -> list[int]:
+        """Draft up to ``room`` tokens (γ by ``controller``; none without a drafter), verify them in
+        one target forward of ``rows`` rows (0: as many as fed), commit. Extends ``tokens``; returns
+        the committed tokens."""
+        k = min(controller.next_gamma(), room) if drafter is not None else 0
+        draft = Draft([], None)
+        drafter_seconds = None
+        if k > 0:
+            assert drafter is not None
+            t0 = time.perf_counter()
+            draft = drafter.propose(tokens, k, sampling, sampler, confidence_stop)
+            elapsed = time.perf_counter() - t0
+            stats.drafter_seconds += elapsed
+            stats.drafter_calls += draft.forward_calls
+            drafter_seconds = elapsed / draft.forward_calls if draft.forward_calls else None
+        t0 = time.perf_counter()
+        logits = self._target_forward([tokens[-1], *draft.tokens], cache, pad_to=rows)
+        p = None if sampling.greedy else probabilities(logits, sampling)
+        n, nxt = verify_step(draft.tokens, draft.q, logits, p, sampling, sampler, len(tokens))
+        target_seconds = time.perf_counter() - t0
+        stats.target_seconds += target_seconds
+        new = [*draft.tokens[:n], nxt]
+        tokens.extend(new)
+        sampler.forget_before(len(tokens))
+        cache.set_length(len(tokens) - 1)
+        if drafter is not None and k > 0:
+            drafter.accept(n)
+        stats.record_step(len(draft.tokens), n)
+        controller.observe(len(draft.tokens), n, drafter_seconds, target_seconds)
+        return new
 
     def _tree_step(self, tokens: list[int], cache: KVCache, drafter: Drafter, shape: TreeShape, room: int,
                    sampling: SamplingParams, sampler: TokenSampler, stats: GenerationStats) -> list[int]:
@@ -397,7 +409,7 @@ class Engine:
         stats.drafter_seconds += time.perf_counter() - t0
         stats.drafter_calls += tree.forward_calls
         t0 = time.perf_counter()
-        logits = self._target_tree_forward(tokens, tree, cache, pad_to=self.exact_rows or 0)
+        logits = self._tree_forward(tokens[-1], len(tokens) - 1, tree, cache, pad_to=self.exact_rows or 0)
         p = None if sampling.greedy else probabilities(logits, sampling)
         path, nxt = verify_tree(tree, logits, p, sampling, sampler, len(tokens))
         prefix = len(tokens)  # slots [0, prefix) hold the committed tokens, the root last; node i is at prefix + i
@@ -411,13 +423,11 @@ class Engine:
         stats.record_step(len(tree), len(path), depth=tree.depth)
         return new
 
-    def _target_tree_forward(self, tokens: list[int], tree: TokenTree, cache: KVCache, *, pad_to: int) -> torch.Tensor:
-        """The root (the last committed token, at slot len(tokens) - 1) and every node of ``tree``
-        in one forward -> logits [len(tree) + 1, vocab_limit]. ``pad_to`` > 0 (exact mode): that
-        many rows over the whole cache, with exact mode's attention."""
-        return self._tree_forward(tokens[-1], len(tokens) - 1, tree, cache, pad_to=pad_to)
-
     def _tree_forward(self, root_token: int, root: int, tree: TokenTree, cache: KVCache, *, pad_to: int) -> torch.Tensor:
+        """``root_token`` at slot ``root`` and every node of ``tree`` after it in one target forward
+        -> logits [len(tree) + 1, vocab_limit]: compiled where a tree step of enough rows is built,
+        else eager. ``pad_to`` > 0 (exact mode): that many rows over the whole cache, with exact
+        mode's attention."""
         rows = min((r for r in self.tree_steps if r > len(tree)), default=None)
         if rows is not None and not pad_to:
             tokens, positions, slots = tree_rows(root_token, root, tree, len(tree) + 1)

@@ -46,6 +46,12 @@ def _linear_weights(model: Transformer) -> dict[tuple[int, int], torch.Tensor]:
     return shapes
 
 
+def _platform_key(model: Transformer) -> tuple:
+    """What a probe's answer depends on: device, dtype, thread count (BLAS picks different kernels
+    and tilings for it) and the model's linear shapes."""
+    return (str(model.device), str(model.dtype), torch.get_num_threads(), tuple(sorted(_linear_weights(model))))
+
+
 _bucket_cache: dict[tuple, int | None] = {}
 
 
@@ -53,8 +59,7 @@ def exact_row_bucket(model: Transformer, min_rows: int) -> int | None:
     """The smallest M >= min_rows for which every linear shape of ``model`` is row-invariant on
     this platform, or None when no M up to MAX_PROBED_ROWS is. Cached per platform and shapes."""
     weights = _linear_weights(model)
-    # The thread count is part of the platform: BLAS picks different kernels and tilings for it.
-    key = (str(model.device), str(model.dtype), torch.get_num_threads(), tuple(sorted(weights)), min_rows)
+    key = (*_platform_key(model), min_rows)
     if key not in _bucket_cache:
         with torch.inference_mode():
             _bucket_cache[key] = next(
@@ -79,7 +84,7 @@ def tree_rows_match_chain(model: Transformer, rows: int, prefix: int = 40, capac
     platform, shapes and row count."""
     from quickdraft.tree import ROOT, TokenTree, run_tree
 
-    key = (str(model.device), str(model.dtype), torch.get_num_threads(), tuple(sorted(_linear_weights(model))), rows)
+    key = (*_platform_key(model), rows)
     if key in _tree_cache:
         return _tree_cache[key]
     generator = torch.Generator().manual_seed(seed)

@@ -86,8 +86,9 @@ class BenchSettings:
     gammas: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
     sampling_gammas: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
     temperature: float = 0.8
-    trees: tuple[int | str, ...] = (16,)  # token-tree node budgets (or "auto") to run (draft model greedy, exact and sampled;
-    # early exit and prompt lookup greedy); () for chains only
+    # token-tree node budgets (or "auto") to run: the draft model greedy, exact and sampled; early exit
+    # and prompt lookup greedy. () for chains only
+    trees: tuple[int | str, ...] = (16,)
     max_gamma: int = 8  # the engines' max_gamma: the largest γ, and exact mode's row bucket (>= max_gamma + 1)
     exact: bool = True  # also run exact-mode variants (reported beside, never as the baseline)
     early_exit: str | None = "early-exit"  # drafter spec, None to skip
@@ -202,16 +203,17 @@ class RecordingDrafter(Drafter):
         return tree
 
     def accept_path(self, path: list[int]) -> None:
-        if self._proposed:
-            self.steps.append((self._proposed, len(path)))
-        self._proposed = 0
+        self._record(len(path))
         self.inner.accept_path(path)
 
     def accept(self, n_accepted: int) -> None:
+        self._record(n_accepted)
+        self.inner.accept(n_accepted)
+
+    def _record(self, n_accepted: int) -> None:
         if self._proposed:
             self.steps.append((self._proposed, n_accepted))
         self._proposed = 0
-        self.inner.accept(n_accepted)
 
     @property
     def relative_cost_hint(self) -> float:

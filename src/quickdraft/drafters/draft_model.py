@@ -7,7 +7,7 @@ import logging
 import torch
 
 from quickdraft.drafters.base import Draft, DraftContext, Drafter, draft_autoregressively
-from quickdraft.drafters.trees import TreeShape, grow_tree, tree_mask_rows
+from quickdraft.drafters.trees import TreeShape, grow_tree, model_expansion
 from quickdraft.errors import VocabularyMismatchError
 from quickdraft.model.compiled import CompiledSteps, CompiledTreeSteps, static_capacity
 from quickdraft.model.kv_cache import KVCache
@@ -117,22 +117,11 @@ class DraftModelDrafter(Drafter):
         if base + shape.grown_nodes > self.cache.capacity:
             raise AssertionError(f"a {shape.grown_nodes}-node tree after {base} tokens exceeds the draft cache")
         fed: set[int] = set()
-
-        steps = self._tree_steps_for(shape.width)
+        feed = model_expansion(self.model, self.cache, base, self.vocab_limit, steps=self._tree_steps_for(shape.width))
 
         def expand(tree: TokenTree, nodes: list[int]) -> torch.Tensor:
-            fed.update(nodes)
-            tokens = [tree.tokens[i] for i in nodes]
-            positions = [base - 1 + tree.depths[i] for i in nodes]
-            slots = [base + i for i in nodes]
-            mask = tree_mask_rows(tree, nodes, base)
-            assert self.cache is not None
-            if steps is not None:
-                return steps.run(tokens, positions, slots, mask, self.cache)[:, : self.vocab_limit]
-            device = self.model.device
-            logits = self.model.forward_tree(torch.tensor([tokens], device=device), torch.tensor(positions, device=device),
-                                             torch.tensor(slots, device=device), mask.to(device), self.cache)
-            return logits[0, :, : self.vocab_limit]
+            fed.update(nodes)  # the nodes with keys in the cache: accept_path moves them
+            return feed(tree, nodes)
 
         tree, grown_index = grow_tree(root_logits, expand, shape, sampling, sampler, base)
         self._tree_slots = [base + g if g in fed else None for g in grown_index]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from quickdraft.drafters.base import Draft, DraftContext, Drafter, draft_autoregressively
-from quickdraft.drafters.trees import TreeShape, grow_tree, tree_mask_rows
+from quickdraft.drafters.trees import TreeShape, grow_tree, model_expansion
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.transformer import Transformer
@@ -67,17 +67,7 @@ class EarlyExitDrafter(Drafter):
         position = self.cache.length
         root_logits = self._forward(tokens[position:], position)
         base = len(tokens)  # slots [0, base) hold the committed tokens (the root last) for these layers
-        target, cache = self.target, self.cache
-
-        def expand(tree: TokenTree, nodes: list[int]) -> torch.Tensor:
-            device = target.device
-            x = torch.tensor([[tree.tokens[i] for i in nodes]], device=device)
-            positions = torch.tensor([base - 1 + tree.depths[i] for i in nodes], device=device)
-            slots = torch.tensor([base + i for i in nodes], device=device)
-            mask = tree_mask_rows(tree, nodes, base).to(device)
-            logits = target.forward_tree(x, positions, slots, mask, cache, exit_layer=self.exit_layer)
-            return logits[0, :, : self.vocab_limit]
-
+        expand = model_expansion(self.target, self.cache, base, self.vocab_limit, exit_layer=self.exit_layer)
         return grow_tree(root_logits, expand, shape, sampling, sampler, base)[0]
 
     @property

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,6 +22,11 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.randomness import CoupledSampler, MultinomialSampler, TokenSampler
 from quickdraft.sampling import SamplingParams, probabilities
 from quickdraft.tree import ROOT, TokenTree
+
+if TYPE_CHECKING:
+    from quickdraft.model.compiled import CompiledTreeSteps
+    from quickdraft.model.kv_cache import KVCache
+    from quickdraft.model.transformer import Transformer
 
 # The budgets tree_nodes="auto" measures, besides chains (tree_budget.py).
 AUTO_TREE_BUDGETS = (4, 8, 16)
@@ -125,6 +131,28 @@ def _children(
         drawn = q
     tokens = keys.topk(k).indices.tolist()
     return tokens, q[tokens].log().tolist(), drawn
+
+
+def model_expansion(model: Transformer, cache: KVCache, base: int, vocab_limit: int, *,
+                    steps: CompiledTreeSteps | None = None, exit_layer: int | None = None) -> Expand:
+    """``grow_tree``'s ``expand`` for a model drafting into ``cache`` whose slots [0, base) hold the
+    committed tokens (the root last): grown node j is fed at slot base + j and position
+    base - 1 + its depth, through the compiled ``steps`` when given, else eagerly (``exit_layer``:
+    the first layers only, early exit)."""
+
+    def expand(tree: TokenTree, nodes: list[int]) -> torch.Tensor:
+        tokens = [tree.tokens[i] for i in nodes]
+        positions = [base - 1 + tree.depths[i] for i in nodes]
+        slots = [base + i for i in nodes]
+        mask = tree_mask_rows(tree, nodes, base)
+        if steps is not None:
+            return steps.run(tokens, positions, slots, mask, cache)[:, :vocab_limit]
+        device = model.device
+        logits = model.forward_tree(torch.tensor([tokens], device=device), torch.tensor(positions, device=device),
+                                    torch.tensor(slots, device=device), mask.to(device), cache, exit_layer=exit_layer)
+        return logits[0, :, :vocab_limit]
+
+    return expand
 
 
 def tree_mask_rows(tree: TokenTree, nodes: list[int], prefix: int) -> torch.Tensor:
