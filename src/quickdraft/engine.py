@@ -131,6 +131,7 @@ class Engine:
         max_gamma = engine_max_gamma(max_gamma, compile_target)
         self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype=dtype, device=device)
         self.model = self.target.model
+        self.model.pack_products()  # bf16 on CPUs with AVX512-BF16: quickdraft's row-invariant products
         self.tokenizer = self.target.tokenizer
         self.device = self.model.device
         self.max_gamma = max_gamma

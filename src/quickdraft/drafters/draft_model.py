@@ -45,6 +45,7 @@ class DraftModelDrafter(Drafter):
     def __init__(self, draft: LoadedModel, *, compile: bool = False) -> None:
         self.draft = draft
         self.model = draft.model
+        self.model.pack_products()
         self.steps = CompiledSteps.shared(draft.model, (1, 2)) if compile else CompiledSteps(draft.model, enabled=False)
         self.cache: KVCache | None = None
         self.vocab_limit = draft.config.vocab_size

@@ -1,0 +1,147 @@
+"""quickdraft's own CPU kernels, built from C++ on first use and cached.
+
+Three kernels (``bf16_kernels.cpp``): ``linear_bf16`` (weight products), ``attend_bf16``
+(attention over a cache window) and ``rms_norm_bf16``, for bf16 decode steps of a few rows - 1-row plain decoding, verify
+steps of 2-33 rows, token trees, batched steps - on CPUs with AVX512-BF16 dot products (Zen 4,
+Intel Cooper Lake and Sapphire Rapids on). A row's result is the same bits whatever the other rows,
+which exact mode's probes then find.
+
+The library is compiled once per source, torch version and compiler into
+``$QUICKDRAFT_CACHE`` (default ``~/.cache/quickdraft``)/kernels, in ~20 s, with the C++ compiler that
+torch.compile needs anyway. Where it cannot be built or loaded (no compiler, no AVX512-BF16, not
+Linux), or with ``QUICKDRAFT_KERNELS=0``, ``available()`` is False and models keep torch's
+products: nothing but speed depends on these kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("bf16_kernels.cpp")
+BLOCK_COLUMNS = 64  # the packed layout's column block (kBlockColumns in the C++ source)
+ISA_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("QUICKDRAFT_CACHE") or Path.home() / ".cache" / "quickdraft"
+    return Path(root) / "kernels"
+
+
+def cpu_has_avx512_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags and " avx512bw" in flags and " avx512vl" in flags
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def _command(compiler: str, output: Path) -> list[str]:
+    from torch.utils import cpp_extension
+
+    torch_lib = Path(torch.__file__).parent / "lib"
+    bundled_omp = sorted(torch_lib.glob("libgomp*.so*"))
+    return [compiler, str(SOURCE), "-o", str(output), "-shared", "-fPIC", "-O3", "-std=c++17", "-fopenmp",
+            *ISA_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            *(f"-I{p}" for p in cpp_extension.include_paths()), f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}",
+            "-lc10", "-ltorch_cpu", *(str(p) for p in bundled_omp[:1])]
+
+
+def _library_path(compiler: str) -> Path:
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + " ".join(ISA_FLAGS).encode()
+                         + "".join(version).encode()).hexdigest()[:16]
+    return cache_dir() / f"quickdraft_kernels_{key}.so"
+
+
+def _build(compiler: str, library: Path) -> None:
+    library.parent.mkdir(parents=True, exist_ok=True)
+    print("quickdraft: building its bf16 CPU kernels (once, ~20 s)...", file=sys.stderr)
+    # Build beside the target and rename: concurrent processes (test workers, replicas) never load
+    # a half-written library.
+    with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
+        partial = Path(scratch) / library.name
+        done = subprocess.run(_command(compiler, partial), capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "compiler failed")
+        os.replace(partial, library)
+
+
+@functools.cache
+def available() -> bool:
+    """True when ``linear_bf16`` is loaded (built now if needed) and this CPU can run it."""
+    if os.environ.get("QUICKDRAFT_KERNELS", "1") == "0" or not sys.platform.startswith("linux"):
+        return False
+    if not cpu_has_avx512_bf16():
+        return False
+    compiler = _compiler()
+    if compiler is None:
+        log.warning("no C++ compiler: bf16 products stay torch's")
+        return False
+    try:
+        library = _library_path(compiler)
+        if not library.exists():
+            _build(compiler, library)
+        torch.ops.load_library(str(library))
+    except Exception as exc:  # noqa: BLE001 - any failure: torch's products are always correct
+        log.warning("quickdraft's bf16 kernels are unavailable (%s: %s); bf16 products stay torch's",
+                    type(exc).__name__, exc)
+        return False
+    _register_fake()
+    return True
+
+
+def _register_fake() -> None:
+    @torch.library.register_fake("quickdraft::linear_bf16")
+    def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n_out: int) -> torch.Tensor:
+        return x.new_empty((*x.shape[:-1], n_out))
+
+    @torch.library.register_fake("quickdraft::attend_bf16")
+    def _(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return q.new_empty(q.shape)
+
+    @torch.library.register_fake("quickdraft::rms_norm_bf16")
+    def _(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return x.new_empty(x.shape)
+
+
+def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
+    """A [N, K] bf16 weight (K even) in ``linear_bf16``'s layout [ceil(N/64), K/2, 64, 2]."""
+    n, k = weight.shape
+    if weight.dtype != torch.bfloat16 or k % 2:
+        raise ValueError(f"pack_bf16 needs a bf16 weight with an even input size, got {weight.dtype} [{n}, {k}]")
+    blocks = -(-n // BLOCK_COLUMNS)
+    padded = torch.zeros(blocks * BLOCK_COLUMNS, k, dtype=torch.bfloat16)
+    padded[:n] = weight.detach().cpu()
+    return padded.view(blocks, BLOCK_COLUMNS, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+def linear_bf16(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n_out: int) -> torch.Tensor:
+    """x [..., K] bf16 @ Wᵀ (+ bias) -> [..., n_out] bf16, W packed by ``pack_bf16``."""
+    return torch.ops.quickdraft.linear_bf16(x, packed, bias, n_out)
+
+
+def attend_bf16(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """q [B, Hq, T, D] over keys, values [B, Hkv, C, D] (a cache window) where mask [B or 1, T, C]
+    is True -> [B, Hq, T, D], all bf16 but the mask; softmax scale 1/sqrt(D)."""
+    return torch.ops.quickdraft.attend_bf16(q, keys, values, mask)
+
+
+def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``RMSNorm`` of bf16 rows: weight * bf16(x / rms(x)), the reduction in fp32."""
+    return torch.ops.quickdraft.rms_norm_bf16(x, weight, eps)

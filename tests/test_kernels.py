@@ -1,0 +1,119 @@
+"""quickdraft's bf16 CPU kernels: close to a float64 reference, and a row's bits independent of
+the other rows, the cache window and where its visible slots sit (what exact mode relies on)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from quickdraft import kernels
+from quickdraft.model.transformer import RMSNorm
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="needs a CPU with AVX512-BF16 and a C++ compiler")
+
+
+def _bf16(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).bfloat16()
+
+
+@pytest.mark.parametrize("n_out,k,bias", [(200, 384, True), (64, 96, False), (1000, 18, True)])
+def test_linear_matches_reference_and_rows_are_invariant(n_out: int, k: int, bias: bool) -> None:
+    weight, x = _bf16(n_out, k, seed=0), _bf16(13, k, seed=1)
+    b = _bf16(n_out, seed=2) if bias else None
+    y = kernels.linear_bf16(x, kernels.pack_bf16(weight), b, n_out)
+    reference = x.double() @ weight.double().T + (b.double() if b is not None else 0)
+    torch_error = (F.linear(x, weight, b).double() - reference).abs().max()
+    assert y.shape == (13, n_out) and y.dtype == torch.bfloat16
+    assert (y.double() - reference).abs().max() <= 2 * torch_error + 1e-3
+    packed = kernels.pack_bf16(weight)
+    for rows in (1, 2, 5, 6, 7, 12):
+        for start in range(0, 13 - rows + 1, 3):
+            assert torch.equal(kernels.linear_bf16(x[start:start + rows], packed, b, n_out), y[start:start + rows])
+
+
+def test_linear_keeps_leading_dimensions_and_threads_do_not_change_bits() -> None:
+    weight, x = _bf16(130, 64, seed=3), _bf16(2, 5, 64, seed=4)
+    packed = kernels.pack_bf16(weight)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernels.linear_bf16(x, packed, None, 130)
+        torch.set_num_threads(2)
+        two = kernels.linear_bf16(x, packed, None, 130)
+    finally:
+        torch.set_num_threads(threads)
+    assert one.shape == (2, 5, 130) and torch.equal(one, two)
+
+
+def test_pack_refuses_what_the_kernel_cannot_take() -> None:
+    with pytest.raises(ValueError, match="even input size"):
+        kernels.pack_bf16(_bf16(8, 7, seed=0))
+    with pytest.raises(ValueError, match="bf16"):
+        kernels.pack_bf16(torch.zeros(8, 8))
+
+
+def _attention_case(batch: int, n_head: int, n_kv: int, t: int, d: int, capacity: int, seed: int):
+    q = _bf16(batch, n_head, t, d, seed=seed)
+    keys, values = _bf16(batch, n_kv, capacity, d, seed=seed + 1), _bf16(batch, n_kv, capacity, d, seed=seed + 2)
+    mask = torch.rand(batch, t, capacity, generator=torch.Generator().manual_seed(seed + 3)) < 0.6
+    mask[..., 0] = True
+    return q, keys, values, mask
+
+
+@pytest.mark.parametrize("n_head,n_kv,d", [(6, 2, 64), (4, 4, 40), (2, 1, 128)])
+def test_attention_matches_reference(n_head: int, n_kv: int, d: int) -> None:
+    q, keys, values, mask = _attention_case(2, n_head, n_kv, 5, d, 300, seed=10)
+    y = kernels.attend_bf16(q, keys, values, mask)
+    reference = F.scaled_dot_product_attention(q.double(), keys.double(), values.double(), attn_mask=mask[:, None],
+                                               enable_gqa=n_head != n_kv)
+    assert y.shape == q.shape and (y.double() - reference).abs().max() < 0.02
+
+
+def test_attention_rows_do_not_depend_on_window_neighbours_or_slot_positions() -> None:
+    q, keys, values, mask = _attention_case(3, 6, 2, 4, 64, 256, seed=20)
+    mask[..., 200:] = False
+    y = kernels.attend_bf16(q, keys, values, mask)
+    # a narrower window holding every visible slot
+    assert torch.equal(kernels.attend_bf16(q, keys[:, :, :200], values[:, :, :200], mask[..., :200]), y)
+    # each row alone, and each sequence of the batch alone
+    for i in range(4):
+        assert torch.equal(kernels.attend_bf16(q[:, :, i:i + 1], keys, values, mask[:, i:i + 1]), y[:, :, i:i + 1])
+    assert torch.equal(kernels.attend_bf16(q[1:2], keys[1:2], values[1:2], mask[1:2]), y[1:2])
+    # the same visible keys and values moved to other slots, in the same order (a tree's ancestors)
+    visible = mask[0, 0].nonzero().squeeze(1)
+    moved = torch.sort(torch.randperm(256, generator=torch.Generator().manual_seed(1))[: len(visible)]).values
+    keys2, values2 = torch.zeros_like(keys[:1]), torch.zeros_like(values[:1])
+    keys2[:, :, moved], values2[:, :, moved] = keys[:1, :, visible], values[:1, :, visible]
+    mask2 = torch.zeros(1, 1, 256, dtype=torch.bool)
+    mask2[0, 0, moved] = True
+    assert torch.equal(kernels.attend_bf16(q[:1, :, :1], keys2, values2, mask2), y[:1, :, :1])
+
+
+def test_rms_norm_matches_the_module_and_rows_are_invariant() -> None:
+    norm = RMSNorm(96, 1e-5).bfloat16()
+    with torch.no_grad():
+        norm.weight.copy_(_bf16(96, seed=5))
+    x = _bf16(7, 96, seed=6)
+    y = kernels.rms_norm_bf16(x, norm.weight, norm.eps)
+    assert (y.float() - norm(x).float()).abs().max() <= 0.02 * norm(x).float().abs().max()
+    assert all(torch.equal(kernels.rms_norm_bf16(x[i:i + 1], norm.weight, norm.eps), y[i:i + 1]) for i in range(7))
+
+
+def test_a_packed_model_computes_what_torch_computes() -> None:
+    from quickdraft.model.config import ModelConfig
+    from quickdraft.model.transformer import Transformer
+
+    torch.manual_seed(0)
+    config = ModelConfig(model_type="llama", vocab_size=300, n_embd=128, n_layer=2, n_head=4, n_kv_head=2,
+                         head_dim=32, intermediate_size=256, block_size=256, norm_eps=1e-6, tie_word_embeddings=True)
+    model = Transformer(config).bfloat16().eval()
+    tokens = torch.randint(0, 300, (1, 40))
+    with torch.inference_mode():
+        cache = model.new_cache(64)
+        reference = torch.cat([model(tokens[:, :36], 0, cache), model(tokens[:, 36:], 36, cache)], dim=1)
+        assert model.pack_products() and model.products_packed
+        cache = model.new_cache(64)
+        packed = torch.cat([model(tokens[:, :36], 0, cache), model(tokens[:, 36:], 36, cache)], dim=1)
+    assert (packed.float() - reference.float()).abs().max() < 0.05 * reference.float().abs().max()
+    assert (packed.argmax(-1) == reference.argmax(-1)).float().mean() > 0.9
