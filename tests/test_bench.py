@@ -16,7 +16,7 @@ from hf_factory import make_hf_checkpoint  # noqa: E402
 
 from quickdraft.bench.harness import alpha_from_steps, load_prompts, warmup_prompts  # noqa: E402
 from quickdraft.cli import main  # noqa: E402
-from quickdraft.model.loader import load_model  # noqa: E402
+from quickdraft.model.loader import default_draft_dtype, dtype_name, load_model  # noqa: E402
 from quickdraft.model.weights import save_pretrained  # noqa: E402
 
 
@@ -84,7 +84,9 @@ def test_bench_reports_every_configuration_and_greedy_outputs_equal_plain(pair, 
     assert rows["plain T=0.8"]["speedup"] == pytest.approx(1.0)  # sampling runs are measured against plain sampling
     assert rows["plain"]["speedup_by_kind"] == pytest.approx({"continuation": 1.0, "grounded": 1.0})
     assert set(rows["prompt lookup auto"]["speedup_by_kind"]) == {"continuation", "grounded"}
-    assert report["settings"]["dtype"] in ("fp32", "bf16") and report["settings"]["draft_dtype"] == "fp32"
+    settings = report["settings"]
+    assert settings["dtype"] in ("fp32", "bf16")
+    assert settings["draft_dtype"] == dtype_name(default_draft_dtype(settings["dtype"]))
     assert rows["draft auto T=0.8"]["baseline"] == "plain T=0.8"
     assert rows["draft auto rejection T=0.8"]["rule"] == "rejection" and "equals_plain" not in rows["draft auto rejection T=0.8"]
     for row in rows.values():

@@ -12,6 +12,7 @@ from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.model import compiled, transformer
 from quickdraft.model.compiled import CompiledSteps, CompiledTreeSteps, static_capacity
 from quickdraft.tree import ROOT, TokenTree, run_tree, tree_attention_mask, tree_rows
+from quickdraft import kernels
 from quickdraft.model.loader import auto_dtype, default_draft_dtype, load_model
 from quickdraft.sampling import SamplingParams
 
@@ -89,11 +90,17 @@ def test_auto_dtype_is_bf16_only_where_the_cpu_has_bf16_dot_products(monkeypatch
     assert auto_dtype("cpu") == torch.float32
 
 
-def test_a_draft_model_runs_in_fp32_on_cpu_by_default_whatever_the_targets_dtype(checkpoints):
+def test_a_draft_model_follows_a_bf16_target_only_where_the_bf16_kernels_run(checkpoints, monkeypatch):
+    monkeypatch.setattr(kernels, "available", lambda: False)
     assert default_draft_dtype("bf16", "cpu") == torch.float32
+    assert default_draft_dtype("fp32", "cpu") == torch.float32
     engine = Engine(checkpoints["target"], checkpoints["related"], dtype="bf16", exact=False)
-    assert engine.model.dtype == torch.bfloat16
+    assert engine.model.dtype == torch.bfloat16 and engine.model.native is None
     assert engine.drafter.model.dtype == torch.float32
+    monkeypatch.undo()
+    if kernels.available():
+        assert default_draft_dtype("bf16", "cpu") == torch.bfloat16
+        assert default_draft_dtype("fp32", "cpu") == torch.float32
     pinned = Engine(checkpoints["target"], checkpoints["related"], dtype="bf16", draft_dtype="bf16", exact=False)
     assert pinned.drafter.model.dtype == torch.bfloat16
 

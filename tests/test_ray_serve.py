@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import signal
+import threading
 import time
 
 import httpx
@@ -26,7 +27,7 @@ from quickdraft.server.cli import BackgroundServer  # noqa: E402
 MODEL = "quickdraft"
 PROMPTS = ["def fibonacci(n):\n", "import os\n\n\ndef list_files(root):\n", "class Stack:\n    def push(self, item):\n",
            "for i in range(10):\n    print(", "def parse_args(argv=None):\n", "x = [1, 2, 3]\n"]
-LONG = 160  # tokens: long enough that a kill lands mid-generation
+LONG = 800  # tokens: long enough that a kill lands mid-generation (a replica decodes ~1,000 tokens/s here)
 
 
 # The embedded pair, 1 thread, eager steps (a replica that restarts is back in seconds).
@@ -120,12 +121,15 @@ def test_a_killed_replica_loses_no_request_that_had_not_started_streaming(ray_se
     def whole(prompt: str) -> str:
         return ray.completions.create(model=MODEL, prompt=prompt, max_tokens=LONG, temperature=0).choices[0].text
 
+    streaming = threading.Event()
+
     def streamed(prompt: str) -> str:
         text = ""
         try:
             for chunk in ray.completions.create(model=MODEL, prompt=prompt, max_tokens=LONG, temperature=0,
                                                 stream=True):
                 text += chunk.choices[0].text if chunk.choices else ""
+                streaming.set()
         except openai.APIError as exc:  # the replica died after this stream began: a clear error, not a hang
             assert "replica" in str(exc), exc
             return "cut:" + text
@@ -134,7 +138,8 @@ def test_a_killed_replica_loses_no_request_that_had_not_started_streaming(ray_se
     with concurrent.futures.ThreadPoolExecutor(len(PROMPTS) + 2) as pool:
         whole_runs = {p: pool.submit(whole, p) for p in PROMPTS}
         stream_runs = {p: pool.submit(streamed, p) for p in PROMPTS[:2]}
-        time.sleep(1.0)  # every request is running or queued on a replica
+        assert streaming.wait(timeout=120)
+        time.sleep(0.2)  # every request is running or queued on a replica
         os.kill(victim, signal.SIGKILL)
         for prompt, run in whole_runs.items():
             assert run.result(timeout=180) == expected[prompt]  # nothing had been sent: retried elsewhere

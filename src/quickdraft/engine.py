@@ -112,7 +112,7 @@ class Engine:
         compile_target: bool = False,
         tree_nodes: int | str | None = None,
     ) -> None:
-        """``draft_dtype``: a draft model's dtype (default: ``default_draft_dtype``, fp32 on CPU).
+        """``draft_dtype``: a draft model's dtype (default: ``default_draft_dtype``: the target's, fp32 on a CPU without the bf16 kernels).
         ``compile_drafter``: run the draft model's 1- and 2-row steps through torch.compile (seconds
         of compilation on first use, then ~0.6x the step time; output unchanged either way).
         ``compile_target``: the same for the target's decode and verify steps, plain decoding

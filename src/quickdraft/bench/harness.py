@@ -75,7 +75,7 @@ class BenchSettings:
     target: str
     draft: str | None = None
     dtype: str = "auto"  # the target's: auto = bf16 where the hardware has bf16 dot products
-    draft_dtype: str | None = None  # None: default_draft_dtype (fp32 on CPU)
+    draft_dtype: str | None = None  # None: default_draft_dtype
     compile_drafter: bool = True  # torch.compile the draft model's steps (compiled during the warm-up)
     compile_target: bool = True  # the same for the target's steps in every non-exact engine, plain included
     device: str = "cpu"

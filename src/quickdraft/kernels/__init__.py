@@ -113,7 +113,8 @@ def _register_fake() -> None:
 
     @torch.library.register_fake("quickdraft::attend_bf16")
     def _(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return q.new_empty(q.shape)
+        batch, n_head, t, d = q.shape
+        return q.new_empty((batch, t, n_head, d)).transpose(1, 2)  # the kernel's layout: [B, T, Hq, D] memory
 
     @torch.library.register_fake("quickdraft::rms_norm_bf16")
     def _(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -145,3 +146,12 @@ def attend_bf16(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask:
 def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``RMSNorm`` of bf16 rows: weight * bf16(x / rms(x)), the reduction in fp32."""
     return torch.ops.quickdraft.rms_norm_bf16(x, weight, eps)
+
+
+def forward_bf16(tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
+                 cos: torch.Tensor, signed_sin: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                 weights: list[torch.Tensor], n_layers: int, n_head: int, n_kv: int, head_dim: int,
+                 intermediate: int, vocab: int, eps: float) -> torch.Tensor:
+    """A Llama-family forward over a step's rows in one call (see ``model/native.py``)."""
+    return torch.ops.quickdraft.forward_bf16(tokens, positions, slots, mask, cos, signed_sin, keys, values, weights,
+                                             n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps)

@@ -65,25 +65,12 @@ void tile(const uint32_t* x, int64_t x_stride, const __m512i* weights, int64_t p
 using Tile = void (*)(const uint32_t*, int64_t, const __m512i*, int64_t, const float*, at::BFloat16*, int64_t, int64_t);
 constexpr Tile kTiles[kTileRows + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
 
-at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                       int64_t n_out) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16, "linear_bf16: bf16 only");
-  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kBlockColumns && packed.size(3) == 2 && packed.is_contiguous(),
-              "linear_bf16: weight not packed by quickdraft.kernels.pack_bf16");
-  const int64_t k = x.size(-1), pairs = packed.size(1), blocks = packed.size(0);
-  TORCH_CHECK(k == 2 * pairs && n_out <= blocks * kBlockColumns && n_out > (blocks - 1) * kBlockColumns,
-              "linear_bf16: shapes do not match the packed weight");
-  at::Tensor rows = x.reshape({-1, k}).contiguous();
-  const int64_t m = rows.size(0);
-  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
-  out_shape.back() = n_out;
-  at::Tensor y = at::empty({m, n_out}, x.options());
-  at::Tensor bias_f32;
-  if (bias.has_value()) bias_f32 = bias->to(at::kFloat).contiguous();
-  const float* b = bias.has_value() ? bias_f32.data_ptr<float>() : nullptr;
-  const auto* xs = reinterpret_cast<const uint32_t*>(rows.data_ptr<at::BFloat16>());
+// y [m, n_out] = x [m, K] @ W^T (+ bias, fp32), W packed [ceil(n_out/64), K/2, 64, 2].
+void linear_rows(const at::BFloat16* x, int64_t m, const at::Tensor& packed, const float* bias, int64_t n_out,
+                 at::BFloat16* y) {
+  const int64_t pairs = packed.size(1), blocks = packed.size(0);
+  const auto* xs = reinterpret_cast<const uint32_t*>(x);
   const auto* ws = reinterpret_cast<const __m512i*>(packed.data_ptr<at::BFloat16>());
-  at::BFloat16* ys = y.data_ptr<at::BFloat16>();
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end; ++block) {
       const int64_t first = block * kBlockColumns;
@@ -91,26 +78,46 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, const std:
       const __m512i* w = ws + block * pairs * 4;
       for (int64_t r = 0; r < m; r += kTileRows) {
         const int64_t n = std::min(kTileRows, m - r);
-        kTiles[n](xs + r * pairs, pairs, w, pairs, b ? b + first : nullptr, ys + r * n_out + first, n_out, columns);
+        kTiles[n](xs + r * pairs, pairs, w, pairs, bias ? bias + first : nullptr, y + r * n_out + first, n_out, columns);
       }
     }
   });
+}
+
+void check_packed(const at::Tensor& packed, int64_t k, int64_t n_out) {
+  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.dim() == 4 && packed.size(2) == kBlockColumns &&
+              packed.size(3) == 2 && packed.is_contiguous(), "weight not packed by quickdraft.kernels.pack_bf16");
+  TORCH_CHECK(k == 2 * packed.size(1) && n_out <= packed.size(0) * kBlockColumns &&
+              n_out > (packed.size(0) - 1) * kBlockColumns, "shapes do not match the packed weight");
+}
+
+at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                       int64_t n_out) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16, "linear_bf16: bf16 only");
+  const int64_t k = x.size(-1);
+  check_packed(packed, k, n_out);
+  at::Tensor rows = x.reshape({-1, k}).contiguous();
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = n_out;
+  at::Tensor y = at::empty({rows.size(0), n_out}, x.options());
+  at::Tensor bias_f32;
+  if (bias.has_value()) bias_f32 = bias->to(at::kFloat).contiguous();
+  linear_rows(rows.data_ptr<at::BFloat16>(), rows.size(0), packed,
+              bias.has_value() ? bias_f32.data_ptr<float>() : nullptr, n_out, y.data_ptr<at::BFloat16>());
   return y.view(out_shape);
 }
 
-
 // ---- attention ------------------------------------------------------------------------------
-// quickdraft::attend_bf16: each query row attends over the cache slots its mask marks. A row's
-// result is a function of the ordered list of its visible (key, value) pairs only: scores are
-// separate dot products, the softmax denominator is a sequential sum and the weighted values are
-// accumulated slot after slot. So it does not depend on the window, on where the visible slots sit
-// (a token tree's scattered ancestors get the bits of the same tokens fed as a chain) or on other
-// rows. Masked slots cost a byte read.
+// Each query row attends over the cache slots its mask marks. A row's result is a function of
+// the ordered list of its visible (key, value) pairs only: scores are separate dot products, the
+// softmax denominator is a sequential sum and the weighted values are accumulated slot after slot.
+// So it does not depend on the window, on where the visible slots sit (a token tree's scattered
+// ancestors get the bits of the same tokens fed as a chain) or on other rows. Masked slots cost a
+// byte read.
 
-// e^x for x <= 0 (scores minus their maximum): Cody-Waite range reduction and a degree-6
-// polynomial, ~1 ulp in fp32.
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+// e^x, x clamped to [-87, 88]: Cody-Waite range reduction and a degree-6 polynomial, ~1 ulp in fp32.
+inline __m512 exp_clamped(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -125,11 +132,85 @@ inline __m512 exp_nonpositive(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+inline __mmask16 lanes(int64_t remaining) {
+  return remaining >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << remaining) - 1);
+}
+
 inline __m512 load_bf16(const at::BFloat16* p, __mmask16 keep) {
   return _mm512_cvtpbh_ps((__m256bh)_mm256_maskz_loadu_epi16(keep, p));
 }
 
+inline void store_bf16(at::BFloat16* p, __mmask16 keep, __m512 v) {
+  _mm256_mask_storeu_epi16(p, keep, (__m256i)_mm512_cvtneps_pbh(v));
+}
+
 constexpr int kMaxHeadChunks = 16;  // head_dim <= 256
+
+// One query row q [d] over keys/values rows [c, d] (row stride d) where mask [c] is true -> out [d].
+// visible and score: scratch of c and c + 16 entries.
+void attend_row(const at::BFloat16* q, const at::BFloat16* keys, const at::BFloat16* values, const bool* mask,
+                int64_t c, int64_t d, at::BFloat16* out, int32_t* visible, float* score) {
+  int64_t n = 0;
+  for (int64_t s = 0; s < c; ++s)
+    if (mask[s]) visible[n++] = static_cast<int32_t>(s);
+  const int64_t chunks = (d + 15) / 16;
+  if (n == 0) {
+    for (int64_t e = 0; e < chunks; ++e) store_bf16(out + 16 * e, lanes(d - 16 * e), _mm512_setzero_ps());
+    return;
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  __m512 qv[kMaxHeadChunks];
+  for (int64_t e = 0; e < chunks; ++e) qv[e] = _mm512_mul_ps(load_bf16(q + 16 * e, lanes(d - 16 * e)), _mm512_set1_ps(scale));
+  float top = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    const at::BFloat16* k = keys + static_cast<int64_t>(visible[j]) * d;
+    __m512 acc = _mm512_mul_ps(qv[0], load_bf16(k, lanes(d)));
+    for (int64_t e = 1; e < chunks; ++e) acc = _mm512_fmadd_ps(qv[e], load_bf16(k + 16 * e, lanes(d - 16 * e)), acc);
+    score[j] = _mm512_reduce_add_ps(acc);
+    top = std::max(top, score[j]);
+  }
+  const __m512 top_v = _mm512_set1_ps(top);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 part = lanes(n - j);
+    _mm512_mask_storeu_ps(score + j, part, exp_clamped(_mm512_sub_ps(_mm512_maskz_loadu_ps(part, score + j), top_v)));
+  }
+  float total = 0.0f;
+  for (int64_t j = 0; j < n; ++j) total += score[j];
+  __m512 acc[kMaxHeadChunks];
+  for (int64_t e = 0; e < chunks; ++e) acc[e] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const at::BFloat16* v = values + static_cast<int64_t>(visible[j]) * d;
+    const __m512 w = _mm512_set1_ps(score[j]);
+    for (int64_t e = 0; e < chunks; ++e) acc[e] = _mm512_fmadd_ps(w, load_bf16(v + 16 * e, lanes(d - 16 * e)), acc[e]);
+  }
+  const __m512 inverse = _mm512_set1_ps(1.0f / total);
+  for (int64_t e = 0; e < chunks; ++e) store_bf16(out + 16 * e, lanes(d - 16 * e), _mm512_mul_ps(acc[e], inverse));
+}
+
+// Query rows of head h for sequence b, step row i at q + ((b * t + i) * q_row + h * d) (q_row: a
+// step row's stride); out likewise with out_row. keys/values [B, Hkv, C, D] with strides
+// (k0, k1, d, 1); mask [B or 1, t, c].
+struct AttentionLayout {
+  int64_t batch, t, n_head, n_kv, d, c;
+  int64_t q_row, out_row, k0, k1, v0, v1, mask_batches;
+};
+
+void attend_rows(const AttentionLayout& a, const at::BFloat16* q, const at::BFloat16* keys, const at::BFloat16* values,
+                 const bool* mask, at::BFloat16* out) {
+  TORCH_CHECK(a.d <= 16 * kMaxHeadChunks, "attention: head_dim over 256");
+  const int64_t group = a.n_head / a.n_kv;
+  at::parallel_for(0, a.batch * a.t * a.n_head, 1, [&](int64_t begin, int64_t end) {
+    std::vector<int32_t> visible(a.c);
+    std::vector<float> score(a.c + 16);
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t b = row / (a.t * a.n_head), i = (row / a.n_head) % a.t, h = row % a.n_head;
+      const int64_t kv = h / group;
+      attend_row(q + (b * a.t + i) * a.q_row + h * a.d, keys + b * a.k0 + kv * a.k1, values + b * a.v0 + kv * a.v1,
+                 mask + ((a.mask_batches == 1 ? 0 : b) * a.t + i) * a.c, a.c, a.d,
+                 out + (b * a.t + i) * a.out_row + h * a.d, visible.data(), score.data());
+    }
+  });
+}
 
 at::Tensor attend_bf16(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& mask) {
   // q [B, Hq, T, D]; keys, values [B, Hkv, C, D] (the last two dims contiguous: a cache window);
@@ -138,81 +219,44 @@ at::Tensor attend_bf16(const at::Tensor& q, const at::Tensor& keys, const at::Te
               values.scalar_type() == at::kBFloat16 && mask.scalar_type() == at::kBool, "attend_bf16: dtypes");
   TORCH_CHECK(q.dim() == 4 && keys.dim() == 4 && values.dim() == 4 && mask.dim() == 3, "attend_bf16: ranks");
   const int64_t batch = q.size(0), n_head = q.size(1), t = q.size(2), d = q.size(3);
-  const int64_t n_kv = keys.size(1), c = keys.size(2);
-  TORCH_CHECK(keys.sizes() == values.sizes() && keys.size(0) == batch && keys.size(3) == d && n_head % n_kv == 0,
-              "attend_bf16: shapes");
+  TORCH_CHECK(keys.sizes() == values.sizes() && keys.size(0) == batch && keys.size(3) == d &&
+              n_head % keys.size(1) == 0, "attend_bf16: shapes");
   TORCH_CHECK(keys.stride(3) == 1 && keys.stride(2) == d && values.stride(3) == 1 && values.stride(2) == d,
               "attend_bf16: keys and values need contiguous [C, D] per head");
-  TORCH_CHECK((mask.size(0) == batch || mask.size(0) == 1) && mask.size(1) == t && mask.size(2) == c,
+  TORCH_CHECK((mask.size(0) == batch || mask.size(0) == 1) && mask.size(1) == t && mask.size(2) == keys.size(2),
               "attend_bf16: mask shape");
-  TORCH_CHECK(d <= 16 * kMaxHeadChunks, "attend_bf16: head_dim over 256");
-  const at::Tensor qc = q.contiguous();
+  const at::Tensor rows = q.transpose(1, 2).contiguous();  // [B, T, Hq, D]: a step row's heads side by side
   const at::Tensor m = mask.contiguous();
-  at::Tensor y = at::empty({batch, n_head, t, d}, q.options());
-  const int64_t group = n_head / n_kv, chunks = (d + 15) / 16;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const auto* qs = qc.data_ptr<at::BFloat16>();
-  const auto* ks = keys.data_ptr<at::BFloat16>();
-  const auto* vs = values.data_ptr<at::BFloat16>();
-  const bool* ms = m.data_ptr<bool>();
-  auto* ys = y.data_ptr<at::BFloat16>();
-  at::parallel_for(0, batch * n_head * t, 1, [&](int64_t begin, int64_t end) {
-    std::vector<int32_t> visible(c);
-    std::vector<float> score(c + 16);
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t b = row / (n_head * t), h = (row / t) % n_head, i = row % t;
-      const bool* mrow = ms + ((m.size(0) == 1 ? 0 : b) * t + i) * c;
-      int64_t n = 0;
-      for (int64_t s = 0; s < c; ++s)
-        if (mrow[s]) visible[n++] = static_cast<int32_t>(s);
-      at::BFloat16* out = ys + row * d;
-      if (n == 0) {
-        std::fill(out, out + d, at::BFloat16(0.0f));
-        continue;
-      }
-      __mmask16 keep[kMaxHeadChunks];
-      __m512 qv[kMaxHeadChunks];
-      const at::BFloat16* qrow = qs + row * d;
-      for (int64_t j = 0; j < chunks; ++j) {
-        keep[j] = d - 16 * j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (d - 16 * j)) - 1);
-        qv[j] = _mm512_mul_ps(load_bf16(qrow + 16 * j, keep[j]), _mm512_set1_ps(scale));
-      }
-      const at::BFloat16* kh = ks + b * keys.stride(0) + (h / group) * keys.stride(1);
-      const at::BFloat16* vh = vs + b * values.stride(0) + (h / group) * values.stride(1);
-      float top = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) {
-        const at::BFloat16* k = kh + static_cast<int64_t>(visible[j]) * d;
-        __m512 acc = _mm512_mul_ps(qv[0], load_bf16(k, keep[0]));
-        for (int64_t e = 1; e < chunks; ++e) acc = _mm512_fmadd_ps(qv[e], load_bf16(k + 16 * e, keep[e]), acc);
-        score[j] = _mm512_reduce_add_ps(acc);
-        top = std::max(top, score[j]);
-      }
-      const __m512 top_v = _mm512_set1_ps(top);
-      for (int64_t j = 0; j < n; j += 16) {
-        const __mmask16 part = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
-        _mm512_mask_storeu_ps(score.data() + j, part,
-                              exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(part, score.data() + j), top_v)));
-      }
-      float total = 0.0f;
-      for (int64_t j = 0; j < n; ++j) total += score[j];
-      __m512 acc[kMaxHeadChunks];
-      for (int64_t e = 0; e < chunks; ++e) acc[e] = _mm512_setzero_ps();
-      for (int64_t j = 0; j < n; ++j) {
-        const at::BFloat16* v = vh + static_cast<int64_t>(visible[j]) * d;
-        const __m512 w = _mm512_set1_ps(score[j]);
-        for (int64_t e = 0; e < chunks; ++e) acc[e] = _mm512_fmadd_ps(w, load_bf16(v + 16 * e, keep[e]), acc[e]);
-      }
-      const __m512 inverse = _mm512_set1_ps(1.0f / total);
-      for (int64_t e = 0; e < chunks; ++e)
-        _mm256_mask_storeu_epi16(out + 16 * e, keep[e], (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[e], inverse)));
-    }
-  });
-  return y;
+  at::Tensor y = at::empty({batch, t, n_head, d}, q.options());
+  const AttentionLayout layout{batch, t, n_head, keys.size(1), d, keys.size(2), n_head * d, n_head * d,
+                               keys.stride(0), keys.stride(1), values.stride(0), values.stride(1), m.size(0)};
+  attend_rows(layout, rows.data_ptr<at::BFloat16>(), keys.data_ptr<at::BFloat16>(), values.data_ptr<at::BFloat16>(),
+              m.data_ptr<bool>(), y.data_ptr<at::BFloat16>());
+  return y.transpose(1, 2);
 }
 
 // ---- RMSNorm --------------------------------------------------------------------------------
-// quickdraft::rms_norm_bf16: weight * bf16(x / rms(x)), the sum of squares in fp32 in one fixed
-// order per row (torch.compile's fused norms vectorise the reduction differently per row count).
+// weight * bf16(x / rms(x)), the sum of squares in fp32 in one fixed order per row
+// (torch.compile's fused norms vectorise the reduction differently per row count).
+void rms_norm_rows(const at::BFloat16* x, int64_t m, int64_t h, const at::BFloat16* w, float eps, at::BFloat16* y) {
+  const int64_t chunks = (h + 15) / 16;
+  for (int64_t r = 0; r < m; ++r) {
+    const at::BFloat16* xr = x + r * h;
+    __m512 squares = _mm512_setzero_ps();
+    for (int64_t j = 0; j < chunks; ++j) {
+      const __m512 v = load_bf16(xr + 16 * j, lanes(h - 16 * j));
+      squares = _mm512_fmadd_ps(v, v, squares);
+    }
+    const float inverse = 1.0f / std::sqrt(_mm512_reduce_add_ps(squares) / static_cast<float>(h) + eps);
+    const __m512 scale = _mm512_set1_ps(inverse);
+    for (int64_t j = 0; j < chunks; ++j) {
+      const __mmask16 keep = lanes(h - 16 * j);
+      const __m512 normed = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(_mm512_mul_ps(load_bf16(xr + 16 * j, keep), scale)));
+      store_bf16(y + r * h + 16 * j, keep, _mm512_mul_ps(normed, load_bf16(w + 16 * j, keep)));
+    }
+  }
+}
+
 at::Tensor rms_norm_bf16(const at::Tensor& x, const at::Tensor& weight, double eps) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16, "rms_norm_bf16: bf16 only");
   const int64_t h = x.size(-1);
@@ -220,30 +264,121 @@ at::Tensor rms_norm_bf16(const at::Tensor& x, const at::Tensor& weight, double e
   const at::Tensor rows = x.reshape({-1, h}).contiguous();
   const at::Tensor w = weight.contiguous();
   at::Tensor y = at::empty_like(rows);
-  const auto* xs = rows.data_ptr<at::BFloat16>();
-  const auto* ws = w.data_ptr<at::BFloat16>();
-  auto* ys = y.data_ptr<at::BFloat16>();
-  const int64_t chunks = (h + 15) / 16;
-  at::parallel_for(0, rows.size(0), 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const at::BFloat16* xr = xs + r * h;
-      __m512 squares = _mm512_setzero_ps();
-      for (int64_t j = 0; j < chunks; ++j) {
-        const __mmask16 keep = h - 16 * j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (h - 16 * j)) - 1);
-        const __m512 v = load_bf16(xr + 16 * j, keep);
-        squares = _mm512_fmadd_ps(v, v, squares);
+  rms_norm_rows(rows.data_ptr<at::BFloat16>(), rows.size(0), h, w.data_ptr<at::BFloat16>(), static_cast<float>(eps),
+                y.data_ptr<at::BFloat16>());
+  return y.view(x.sizes());
+}
+
+// ---- a whole forward ------------------------------------------------------------------------
+// quickdraft::forward_bf16: a Llama-family decoder's forward over a step's rows in one call - no
+// Python, no dispatch between layers. tokens, positions (RoPE), slots (the cache slot each row's
+// key and value go to): [B, T]; mask [B or 1, T, W]: the cache slots [0, W) each row sees, its
+// own included. The residual stream stays bf16 between ops, as the eager model's does.
+//
+// weights: embed [V, E]; per layer: attn_norm [E], qkv (packed), qkv_bias (fp32, or empty),
+// out (packed), mlp_norm [E], up (packed, gate then up), down (packed); then norm [E], head (packed).
+at::Tensor forward_bf16(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,
+                        const at::Tensor& mask, const at::Tensor& cos, const at::Tensor& signed_sin,
+                        at::TensorList keys, at::TensorList values, at::TensorList weights, int64_t n_layers,
+                        int64_t n_head, int64_t n_kv, int64_t head_dim, int64_t intermediate, int64_t vocab,
+                        double eps) {
+  constexpr int64_t kPerLayer = 7;
+  const int64_t batch = tokens.size(0), t = tokens.size(1), m = batch * t;
+  const at::Tensor& embed = weights[0];
+  const int64_t e = embed.size(1), d = head_dim, q_dim = n_head * d, kv_dim = n_kv * d;
+  const int64_t qkv_dim = q_dim + 2 * kv_dim, half = d / 2;
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == 1 + kPerLayer * static_cast<int64_t>(keys.size()) + 2,
+              "forward_bf16: weights do not match the layers");
+  TORCH_CHECK(n_layers <= static_cast<int64_t>(keys.size()) && mask.size(1) == t && mask.size(2) <= keys[0].size(2),
+              "forward_bf16: shapes");
+  TORCH_CHECK(tokens.is_contiguous() && positions.is_contiguous() && slots.is_contiguous() && mask.is_contiguous() &&
+              cos.is_contiguous() && signed_sin.is_contiguous() && d % 2 == 0, "forward_bf16: layouts");
+  const auto* tok = tokens.data_ptr<int64_t>();
+  const auto* pos = positions.data_ptr<int64_t>();
+  const auto* slot = slots.data_ptr<int64_t>();
+  const auto opts = embed.options();
+  at::Tensor residual = at::empty({m, e}, opts), normed = at::empty({m, e}, opts), projected = at::empty({m, e}, opts);
+  at::Tensor qkv = at::empty({m, qkv_dim}, opts), attended = at::empty({m, q_dim}, opts);
+  at::Tensor gate_up = at::empty({m, 2 * intermediate}, opts), hidden = at::empty({m, intermediate}, opts);
+  auto* h = residual.data_ptr<at::BFloat16>();
+  auto* xn = normed.data_ptr<at::BFloat16>();
+  auto* proj = projected.data_ptr<at::BFloat16>();
+  auto* qkvs = qkv.data_ptr<at::BFloat16>();
+  auto* att = attended.data_ptr<at::BFloat16>();
+  auto* gu = gate_up.data_ptr<at::BFloat16>();
+  auto* hid = hidden.data_ptr<at::BFloat16>();
+  const auto* emb = embed.data_ptr<at::BFloat16>();
+  for (int64_t r = 0; r < m; ++r) {
+    TORCH_CHECK(tok[r] >= 0 && tok[r] < embed.size(0), "forward_bf16: token id out of range");
+    std::copy(emb + tok[r] * e, emb + (tok[r] + 1) * e, h + r * e);
+  }
+  const auto* cs = cos.data_ptr<at::BFloat16>();
+  const auto* sn = signed_sin.data_ptr<at::BFloat16>();
+  const auto add_into_residual = [&](const at::BFloat16* y) {
+    for (int64_t i = 0; i < m * e; i += 16) {
+      const __mmask16 keep = lanes(m * e - i);
+      store_bf16(h + i, keep, _mm512_add_ps(load_bf16(h + i, keep), load_bf16(y + i, keep)));
+    }
+  };
+  for (int64_t layer = 0; layer < n_layers; ++layer) {
+    const at::Tensor* w = &weights[1 + kPerLayer * layer];
+    rms_norm_rows(h, m, e, w[0].data_ptr<at::BFloat16>(), static_cast<float>(eps), xn);
+    check_packed(w[1], e, qkv_dim);
+    linear_rows(xn, m, w[1], w[2].numel() ? w[2].data_ptr<float>() : nullptr, qkv_dim, qkvs);
+    // RoPE on the query and key heads (rotate-half layout, sign folded into signed_sin), then the
+    // keys and values into their cache slots.
+    at::BFloat16* kc = keys[layer].data_ptr<at::BFloat16>();
+    at::BFloat16* vc = values[layer].data_ptr<at::BFloat16>();
+    const int64_t k0 = keys[layer].stride(0), k1 = keys[layer].stride(1), capacity = keys[layer].size(2);
+    const int64_t v0 = values[layer].stride(0), v1 = values[layer].stride(1);
+    for (int64_t r = 0; r < m; ++r) {
+      const at::BFloat16* c_row = cs + pos[r] * d;
+      const at::BFloat16* s_row = sn + pos[r] * d;
+      at::BFloat16* row = qkvs + r * qkv_dim;
+      for (int64_t head = 0; head < n_head + n_kv; ++head) {
+        at::BFloat16* x = row + head * d;
+        float rotated[512];
+        for (int64_t i = 0; i < d; ++i) {
+          const float other = static_cast<float>(x[i < half ? i + half : i - half]);
+          rotated[i] = static_cast<float>(x[i]) * static_cast<float>(c_row[i]) + other * static_cast<float>(s_row[i]);
+        }
+        for (int64_t i = 0; i < d; ++i) x[i] = at::BFloat16(rotated[i]);
       }
-      const float inverse = 1.0f / std::sqrt(_mm512_reduce_add_ps(squares) / static_cast<float>(h) + static_cast<float>(eps));
-      const __m512 scale = _mm512_set1_ps(inverse);
-      for (int64_t j = 0; j < chunks; ++j) {
-        const __mmask16 keep = h - 16 * j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (h - 16 * j)) - 1);
-        const __m256bh normed = _mm512_cvtneps_pbh(_mm512_mul_ps(load_bf16(xr + 16 * j, keep), scale));
-        const __m512 out = _mm512_mul_ps(_mm512_cvtpbh_ps(normed), load_bf16(ws + 16 * j, keep));
-        _mm256_mask_storeu_epi16(ys + r * h + 16 * j, keep, (__m256i)_mm512_cvtneps_pbh(out));
+      const int64_t b = r / t;
+      TORCH_CHECK(slot[r] >= 0 && slot[r] < capacity, "forward_bf16: cache slot out of range");
+      for (int64_t kv = 0; kv < n_kv; ++kv) {
+        std::copy(row + q_dim + kv * d, row + q_dim + (kv + 1) * d, kc + b * k0 + kv * k1 + slot[r] * d);
+        std::copy(row + q_dim + kv_dim + kv * d, row + q_dim + kv_dim + (kv + 1) * d, vc + b * v0 + kv * v1 + slot[r] * d);
       }
     }
-  });
-  return y.view(x.sizes());
+    const AttentionLayout layout{batch, t, n_head, n_kv, d, mask.size(2), qkv_dim, q_dim, k0, k1, v0, v1, mask.size(0)};
+    attend_rows(layout, qkvs, kc, vc, mask.data_ptr<bool>(), att);
+    check_packed(w[3], q_dim, e);
+    linear_rows(att, m, w[3], nullptr, e, proj);
+    add_into_residual(proj);
+    rms_norm_rows(h, m, e, w[4].data_ptr<at::BFloat16>(), static_cast<float>(eps), xn);
+    check_packed(w[5], e, 2 * intermediate);
+    linear_rows(xn, m, w[5], nullptr, 2 * intermediate, gu);
+    for (int64_t r = 0; r < m; ++r) {  // silu(gate) * up, each rounded to bf16 as the eager model does
+      const at::BFloat16* g = gu + r * 2 * intermediate;
+      for (int64_t i = 0; i < intermediate; i += 16) {
+        const __mmask16 keep = lanes(intermediate - i);
+        const __m512 gv = load_bf16(g + i, keep);
+        const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), exp_clamped(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+        const __m512 rounded = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(silu));
+        store_bf16(hid + r * intermediate + i, keep, _mm512_mul_ps(rounded, load_bf16(g + intermediate + i, keep)));
+      }
+    }
+    check_packed(w[6], intermediate, e);
+    linear_rows(hid, m, w[6], nullptr, e, proj);
+    add_into_residual(proj);
+  }
+  const at::Tensor* tail = &weights[1 + kPerLayer * keys.size()];
+  rms_norm_rows(h, m, e, tail[0].data_ptr<at::BFloat16>(), static_cast<float>(eps), xn);
+  check_packed(tail[1], e, vocab);
+  at::Tensor logits = at::empty({batch, t, vocab}, opts);
+  linear_rows(xn, m, tail[1], nullptr, vocab, logits.data_ptr<at::BFloat16>());
+  return logits;
 }
 
 }  // namespace
@@ -252,10 +387,14 @@ TORCH_LIBRARY(quickdraft, m) {
   m.def("linear_bf16(Tensor x, Tensor packed, Tensor? bias, int n_out) -> Tensor");
   m.def("attend_bf16(Tensor q, Tensor keys, Tensor values, Tensor mask) -> Tensor");
   m.def("rms_norm_bf16(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("forward_bf16(Tensor tokens, Tensor positions, Tensor slots, Tensor mask, Tensor cos, Tensor signed_sin, "
+        "Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, int n_kv, int head_dim, "
+        "int intermediate, int vocab, float eps) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
   m.impl("linear_bf16", &linear_bf16);
   m.impl("attend_bf16", &attend_bf16);
   m.impl("rms_norm_bf16", &rms_norm_bf16);
+  m.impl("forward_bf16", &forward_bf16);
 }

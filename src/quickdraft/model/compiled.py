@@ -106,6 +106,8 @@ class CompiledSteps:
         on that the caller's prefill overwrites), so no compilation lands inside a request's decode."""
         if not self.enabled or all((rows, cache.capacity) in self._built for rows in self.row_buckets):
             return
+        if self.model.native is not None:  # one C++ call per step: nothing to build
+            return
         self.model.prepare_static(cache.capacity)
         with torch.inference_mode():
             for rows in self.row_buckets:
@@ -162,6 +164,8 @@ class CompiledSteps:
 
     def run(self, tokens: list[int], start: int, cache: KVCache) -> torch.Tensor:
         n = len(tokens)
+        if self.model.native is not None:  # whole forwards in C++, rows unpadded (row-invariant by construction)
+            return self.model(torch.tensor([tokens], device=self.model.device), start, cache)[0]
         if self._compiled is not None and n <= self.max_rows:
             rows = self.bucket(n)
             # Padding rows need positions inside the cache (and inside a learned position table).
@@ -210,7 +214,7 @@ class CompiledTreeSteps:
 
     def prepare(self, cache: KVCache) -> None:
         """Build the graph for this cache's capacity now (writing scratch slots from 0 on)."""
-        if self._compiled is None or cache.capacity in self._built:
+        if self._compiled is None or cache.capacity in self._built or self.model.native is not None:
             return
         self.model.prepare_static(cache.capacity)
         with torch.inference_mode():
@@ -220,7 +224,7 @@ class CompiledTreeSteps:
             cache: KVCache) -> torch.Tensor:
         n, device = len(tokens), self.model.device
         scratch = max(slots) + 1
-        if self._compiled is not None and n <= self.rows and scratch + self.rows - n <= cache.capacity:
+        if self._compiled is not None and n <= self.rows and self.model.native is None and scratch + self.rows - n <= cache.capacity:
             pad = self.rows - n
             full_mask = torch.zeros(self.rows, cache.capacity, dtype=torch.bool)
             full_mask[:n, : mask.shape[-1]] = mask

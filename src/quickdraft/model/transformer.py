@@ -17,6 +17,7 @@ from torch import nn
 from quickdraft import kernels
 from quickdraft.model.config import ModelConfig
 from quickdraft.model.kv_cache import KVCache
+from quickdraft.model.native import NATIVE_MAX_ROWS, NativeForward
 
 
 # prepare_static keeps a transposed copy of an LM head up to this size (a small model's LM head is
@@ -263,6 +264,7 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         self._lm_head_t: torch.Tensor | None = None  # [n_embd, vocab], built by prepare_static
+        self.native: NativeForward | None = None  # whole forwards in one C++ call (pack_products)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -303,6 +305,15 @@ class Transformer(nn.Module):
         attends over every slot of the cache (masked), so that every call has the same shapes
         whatever the position: exact mode needs that for bit-identical rows.
         """
+        t = tokens.shape[1]
+        if self.native is not None and cache is not None and t <= KERNEL_ATTENTION_ROWS:
+            start = int(positions) if isinstance(positions, int) else int(positions[0])
+            if start + t > cache.capacity:
+                raise ValueError(f"positions up to {start + t} exceed the KV cache capacity {cache.capacity}")
+            pos = torch.arange(start, start + t, device=tokens.device)
+            mask = self._attention_mask(pos, cache.capacity if full_window else start + t, False)
+            batch = tokens.shape[0]
+            return self.native(tokens, pos.expand(batch, t), pos.expand(batch, t), mask[None], cache, exit_layer)
         return linear(self.lm_head, self.norm(self.hidden_states(tokens, positions, cache, exit_layer=exit_layer,
                                                          full_window=full_window)))
 
@@ -393,6 +404,8 @@ class Transformer(nn.Module):
                 module.register_buffer("packed_bf16", kernels.pack_bf16(module.weight), persistent=False)
             if isinstance(module, (Attention, RMSNorm)):
                 module.kernel = True
+        if self.native is None and NativeForward.supports(self):
+            self.native = NativeForward(self)
         return True
 
     @property
@@ -466,6 +479,8 @@ class Transformer(nn.Module):
         """
         window = cache.capacity if window is None else window
         mask = self._attention_mask(positions.reshape(-1), window, self.config.sliding_window is not None)
+        if self.native is not None and tokens.numel() <= NATIVE_MAX_ROWS:
+            return self.native(tokens, positions, positions, mask.view(*positions.shape, window), cache, exit_layer)
         mask = mask.view(*positions.shape, window)[:, None]  # [B, 1, T, window]
         x = self.embed(tokens)
         rope = None
@@ -499,6 +514,8 @@ class Transformer(nn.Module):
         window = mask.shape[-1]
         if window > cache.capacity or int(slots.max()) >= cache.capacity:
             raise ValueError(f"a tree step up to slot {int(slots.max())} exceeds the KV cache capacity {cache.capacity}")
+        if self.native is not None and tokens.shape[1] <= NATIVE_MAX_ROWS:  # no sliding window (supports())
+            return self.native(tokens, positions[None], slots[None], mask[None], cache, exit_layer)
         x = self.embed(tokens)
         rope = None
         if self.pos_embed is not None:

@@ -1,0 +1,74 @@
+"""A Llama-family model's whole forward over a step's rows as one C++ call (``kernels.forward_bf16``).
+
+A compiled graph still returns to Python between its kernels, and an eager forward dispatches ~100
+ops: on the embedded target that is ~0.3-0.5 ms of a ~1.3 ms step, and most of a draft model's step.
+Here the layers run back to back in C++ on the packed weights (``Transformer.pack_products``), with
+the same kernels as the per-op path, so a row's logits do not depend on the other rows of the call,
+on the batch, on the attention window or on where a tree's ancestors sit in the cache. Nothing is
+compiled: there is no graph to build before the first request.
+
+Used by ``Transformer`` for cached forwards of up to NATIVE_MAX_ROWS rows (decode, verify, tree,
+batched and early-exit steps) when the model is bf16 on a CPU with AVX512-BF16 and its architecture
+is covered: RMSNorm, RoPE, a gated SiLU MLP without biases, no sliding window. Other models keep the
+per-op path.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from quickdraft import kernels
+from quickdraft.model.kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from quickdraft.model.transformer import Transformer
+
+NATIVE_MAX_ROWS = 288  # a batched step of 16 sequences x 17 rows; longer prefills keep the per-op path
+
+
+class NativeForward:
+    def __init__(self, model: Transformer) -> None:
+        self.model = model
+        c = model.config
+        empty = torch.empty(0)
+        weights = [model.embed.weight.detach()]
+        for block in model.layers:
+            bias = block.attn.qkv.bias
+            weights += [block.attn_norm.weight.detach(), block.attn.qkv.packed_bf16,
+                        empty if bias is None else bias.detach().float().contiguous(), block.attn.out.packed_bf16,
+                        block.mlp_norm.weight.detach(), block.mlp.up.packed_bf16, block.mlp.down.packed_bf16]
+        weights += [model.norm.weight.detach(), model.lm_head.packed_bf16]
+        self.weights = weights
+        self.shape = (c.n_head, c.n_kv_head, c.head_dim, c.intermediate_size, c.vocab_size)
+        self.eps = c.norm_eps
+
+    @staticmethod
+    def supports(model: Transformer) -> bool:
+        from quickdraft.model.transformer import RMSNorm
+
+        c = model.config
+        block = model.layers[0]
+        return (not c.is_gpt2 and c.activation == "silu" and c.sliding_window is None and c.head_dim % 2 == 0
+                and c.head_dim <= 256 and isinstance(model.norm, RMSNorm) and model.products_packed
+                and all("packed_bf16" in layer._buffers for layer in (block.attn.qkv, block.attn.out, block.mlp.up,
+                                                                      block.mlp.down))
+                and block.attn.out.bias is None and block.mlp.up.bias is None and block.mlp.down.bias is None)
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
+                 cache: KVCache, n_layers: int | None = None) -> torch.Tensor:
+        """tokens, positions (RoPE), slots (cache slot per row): [B, T] on the first B cache entries;
+        mask [B or 1, T, W] bool over cache slots [0, W) -> logits [B, T, vocab]."""
+        model = self.model
+        model._rope(positions.reshape(-1)[:1], int(positions.max()) + 1)  # the tables cover every position
+        assert model._rope_table is not None
+        cos, signed_sin = model._rope_table
+        batch = tokens.shape[0]
+        keys = [k[:batch] for k in cache.keys]
+        values = [v[:batch] for v in cache.values]
+        n_head, n_kv, head_dim, intermediate, vocab = self.shape
+        return kernels.forward_bf16(
+            tokens.contiguous(), positions.contiguous(), slots.contiguous(), mask.contiguous(), cos, signed_sin,
+            keys, values, self.weights, model.config.n_layer if n_layers is None else n_layers,
+            n_head, n_kv, head_dim, intermediate, vocab, self.eps)
