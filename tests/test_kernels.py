@@ -117,3 +117,39 @@ def test_a_packed_model_computes_what_torch_computes() -> None:
         packed = torch.cat([model(tokens[:, :36], 0, cache), model(tokens[:, 36:], 36, cache)], dim=1)
     assert (packed.float() - reference.float()).abs().max() < 0.05 * reference.float().abs().max()
     assert (packed.argmax(-1) == reference.argmax(-1)).float().mean() > 0.9
+
+
+def test_native_forwards_give_a_row_the_same_bits_alone_in_a_batch_and_in_a_tree() -> None:
+    from quickdraft.model.config import ModelConfig
+    from quickdraft.model.transformer import Transformer
+
+    torch.manual_seed(1)
+    config = ModelConfig(model_type="llama", vocab_size=300, n_embd=96, n_layer=2, n_head=6, n_kv_head=2,
+                         head_dim=16, intermediate_size=160, block_size=256, norm_eps=1e-6, tie_word_embeddings=True)
+    model = Transformer(config).bfloat16().eval()
+    reference = Transformer(config).bfloat16().eval()
+    reference.load_state_dict(model.state_dict())
+    assert model.pack_products() and model.native is not None
+    tokens = torch.randint(0, 300, (1, 12))
+    with torch.inference_mode():
+        cache, per_op = model.new_cache(32), reference.new_cache(32)
+        alone = torch.cat([model(tokens[:, i:i + 1], i, cache) for i in range(12)], dim=1)[0]
+        expected = reference(tokens, 0, per_op)[0]
+        assert (alone.float() - expected.float()).abs().max() < 0.05 * expected.float().abs().max()
+        # three sequences in one batched step: the middle one holds the same tokens
+        batch = model.new_cache(32, batch=3)
+        others = torch.randint(0, 300, (3, 12))
+        others[1] = tokens[0]
+        positions = torch.arange(12).repeat(3, 1)
+        batched = model.forward_batched(others, positions, batch)[1]
+        assert torch.equal(batched, alone)
+        # the last 3 tokens as a chain-shaped tree whose nodes sit at scattered slots
+        cache2 = model.new_cache(32)
+        model(tokens[:, :9], 0, cache2)
+        slots = torch.tensor([9, 14, 20])
+        mask = torch.zeros(3, 21, dtype=torch.bool)
+        mask[:, :9] = True
+        for row in range(3):
+            mask[row, slots[: row + 1]] = True
+        tree = model.forward_tree(tokens[:, 9:], torch.arange(9, 12), slots, mask, cache2)[0]
+        assert torch.equal(tree, alone[9:])
