@@ -128,10 +128,13 @@ class Engine:
         not, exact mode speculates with chains)."""
         if not isinstance(max_gamma, int) or max_gamma < 1:
             raise QuickdraftError(f"max_gamma must be an integer >= 1, got {max_gamma!r}")
-        max_gamma = engine_max_gamma(max_gamma, compile_target)
         self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype=dtype, device=device)
         self.model = self.target.model
-        self.model.pack_products()  # bf16 on CPUs with AVX512-BF16: quickdraft's row-invariant products
+        self.model.pack_products()  # bf16 on CPUs with AVX512-BF16: quickdraft's row-invariant kernels
+        # Whole forwards in C++ (model/native.py): every step runs through them, nothing is compiled,
+        # rows are never padded (each row's bits are the same whatever the row count) and γ is not capped.
+        native = self.model.native is not None
+        max_gamma = engine_max_gamma(max_gamma, compile_target, native=native)
         self.tokenizer = self.target.tokenizer
         self.device = self.model.device
         self.max_gamma = max_gamma
@@ -154,7 +157,8 @@ class Engine:
         self.exact_rows: int | None = None
         if exact:
             largest_tree = self.tree_shape.budget if self.tree_shape else 0
-            self.exact_rows = exact_row_bucket(self.model, max(max_gamma, largest_tree) + 1)
+            most_rows = max(max_gamma, largest_tree) + 1
+            self.exact_rows = most_rows if native else exact_row_bucket(self.model, most_rows)
             if self.exact_rows is None:
                 log.warning("no row count up to 64 gives row-invariant kernels on this platform; exact mode is off")
             elif self.tree_shape is not None and not tree_rows_match_chain(self.model, self.exact_rows):
@@ -165,10 +169,10 @@ class Engine:
         # across requests ("auto" tries every arm once per engine, not per request).
         self._tree_plan = TreePlan(self.tree_shapes, tree_nodes == "auto") if self.tree_shapes else None
         buckets = row_buckets(max_gamma + 1) if self.drafter is not None else (1,)
-        if compile_target and self.exact and self.tree_shape is not None:
+        if compile_target and self.exact and self.tree_shape is not None and not native:
             log.info("exact mode with token trees runs the target eagerly: its compiled steps attend differently")
             compile_target = False
-        self.target_steps = CompiledSteps.shared(self.model, buckets) if compile_target else None
+        self.target_steps = CompiledSteps.shared(self.model, buckets) if compile_target or native else None
         # Compiled tree verification outside exact mode: a graph per budget, its rows the root and the nodes.
         self.tree_steps = ({budget + 1: CompiledTreeSteps(self.model, budget + 1) for budget in self.tree_shapes}
                            if compile_target and not self.exact else {})
@@ -428,7 +432,9 @@ class Engine:
         """``root_token`` at slot ``root`` and every node of ``tree`` after it in one target forward
         -> logits [len(tree) + 1, vocab_limit]: compiled where a tree step of enough rows is built,
         else eager. ``pad_to`` > 0 (exact mode): that many rows over the whole cache, with exact
-        mode's attention."""
+        mode's attention; not with native forwards, whose rows need no padding)."""
+        if self.model.native is not None:
+            pad_to = 0
         rows = min((r for r in self.tree_steps if r > len(tree)), default=None)
         if rows is not None and not pad_to:
             tokens, positions, slots = tree_rows(root_token, root, tree, len(tree) + 1)
@@ -494,9 +500,10 @@ class Engine:
         return self.model(x, cache.length, cache, full_window=bool(pad_to))[0, :n, : self.vocab_limit]
 
 
-def engine_max_gamma(max_gamma: int, compile_target: bool) -> int:
-    """The largest γ an engine runs: compiled target steps cap ``max_gamma`` at COMPILED_MAX_GAMMA."""
-    return min(max_gamma, COMPILED_MAX_GAMMA) if compile_target else max_gamma
+def engine_max_gamma(max_gamma: int, compile_target: bool, *, native: bool = False) -> int:
+    """The largest γ an engine runs: compiled target steps cap ``max_gamma`` at COMPILED_MAX_GAMMA
+    (native forwards, which compile nothing, do not)."""
+    return min(max_gamma, COMPILED_MAX_GAMMA) if compile_target and not native else max_gamma
 
 
 def row_buckets(max_rows: int) -> tuple[int, ...]:

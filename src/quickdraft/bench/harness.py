@@ -325,7 +325,7 @@ class Bench:
             method = Method(name, family, gamma, exact, temperature, rule, tree)
             runs.append((method, OurRunner(engine(engine_kind or family, exact, tree), method)))
 
-        max_gamma = engine_max_gamma(s.max_gamma, s.compile_target)
+        max_gamma = engine_max_gamma(s.max_gamma, s.compile_target, native=target.model.native is not None)
         too_big = sorted({g for g in (*s.gammas, *s.sampling_gammas) if g > max_gamma})
         if too_big:
             self.notes.append(f"γ {too_big} skipped: above max_gamma {max_gamma}"
@@ -469,6 +469,7 @@ class Bench:
         s.draft_dtype = dtype_name(parse_dtype(s.draft_dtype, s.device) if s.draft_dtype
                                    else default_draft_dtype(s.dtype, s.device))
         target = load_model(s.target, dtype=s.dtype, device=s.device)
+        target.model.pack_products()  # as every engine does; native forwards lift the compiled steps' γ cap
         draft = load_model(s.draft, dtype=s.draft_dtype, device=s.device) if s.draft else None
         prompts = load_prompts(s.prompts, s.prompt_limit)
         prompt_ids = [encode_prompt(target, p["prompt"]) for p in prompts]
@@ -489,7 +490,7 @@ class Bench:
         bar = _progress(len(runs) * (1 + s.repeats * len(prompts)), self.progress)
         # Scratch slots past the output: a chain's γ + 1 rows, a tree's grown nodes (its capacity classes may differ).
         warmups: list[list[int]] = []
-        for scratch in {engine_max_gamma(s.max_gamma, s.compile_target),
+        for scratch in {engine_max_gamma(s.max_gamma, s.compile_target, native=target.model.native is not None),
                         *(TreeShape.for_budget(max(AUTO_TREE_BUDGETS) if nodes == "auto" else nodes).grown_nodes
                           for nodes in s.trees)}:
             warmups += [ids for ids in warmup_prompts(prompt_ids, s.max_new_tokens, scratch) if ids not in warmups]

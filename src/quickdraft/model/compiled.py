@@ -106,12 +106,14 @@ class CompiledSteps:
         on that the caller's prefill overwrites), so no compilation lands inside a request's decode."""
         if not self.enabled or all((rows, cache.capacity) in self._built for rows in self.row_buckets):
             return
-        if self.model.native is not None:  # one C++ call per step: nothing to build
-            return
-        self.model.prepare_static(cache.capacity)
+        native = self.model.native is not None  # one C++ call per step: nothing to build, only to time
+        if not native:
+            self.model.prepare_static(cache.capacity)
         with torch.inference_mode():
             for rows in self.row_buckets:
                 self.run([0] * rows, 0, cache)
+                if native:
+                    self._built.add((rows, cache.capacity))
             for rows in self.row_buckets:
                 self.row_seconds[rows] = self._time(rows, cache)
 
@@ -145,7 +147,9 @@ class CompiledSteps:
             self.model(torch.tensor([tokens[:prefix]], device=self.model.device), 0, cache)
             fed = tokens[prefix:]
             alone = torch.stack([self.run([token], prefix + i, cache)[0] for i, token in enumerate(fed)])
-            return all(torch.equal(self.run(fed[:rows], prefix, cache), alone[:rows]) for rows in self.row_buckets)
+            # native forwards run any row count unpadded: every count is probed
+            counts = range(1, self.max_rows + 1) if self.model.native is not None else self.row_buckets
+            return all(torch.equal(self.run(fed[:rows], prefix, cache), alone[:rows]) for rows in counts)
 
     def _build(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """The first call of a shape: dynamo traces and inductor builds the graph."""
