@@ -146,47 +146,6 @@ inline void store_bf16(at::BFloat16* p, __mmask16 keep, __m512 v) {
 
 constexpr int kMaxHeadChunks = 16;  // head_dim <= 256
 
-// One query row q [d] over keys/values rows [c, d] (row stride d) where mask [c] is true -> out [d].
-// visible and score: scratch of c and c + 16 entries.
-void attend_row(const at::BFloat16* q, const at::BFloat16* keys, const at::BFloat16* values, const bool* mask,
-                int64_t c, int64_t d, at::BFloat16* out, int32_t* visible, float* score) {
-  int64_t n = 0;
-  for (int64_t s = 0; s < c; ++s)
-    if (mask[s]) visible[n++] = static_cast<int32_t>(s);
-  const int64_t chunks = (d + 15) / 16;
-  if (n == 0) {
-    for (int64_t e = 0; e < chunks; ++e) store_bf16(out + 16 * e, lanes(d - 16 * e), _mm512_setzero_ps());
-    return;
-  }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  __m512 qv[kMaxHeadChunks];
-  for (int64_t e = 0; e < chunks; ++e) qv[e] = _mm512_mul_ps(load_bf16(q + 16 * e, lanes(d - 16 * e)), _mm512_set1_ps(scale));
-  float top = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) {
-    const at::BFloat16* k = keys + static_cast<int64_t>(visible[j]) * d;
-    __m512 acc = _mm512_mul_ps(qv[0], load_bf16(k, lanes(d)));
-    for (int64_t e = 1; e < chunks; ++e) acc = _mm512_fmadd_ps(qv[e], load_bf16(k + 16 * e, lanes(d - 16 * e)), acc);
-    score[j] = _mm512_reduce_add_ps(acc);
-    top = std::max(top, score[j]);
-  }
-  const __m512 top_v = _mm512_set1_ps(top);
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 part = lanes(n - j);
-    _mm512_mask_storeu_ps(score + j, part, exp_clamped(_mm512_sub_ps(_mm512_maskz_loadu_ps(part, score + j), top_v)));
-  }
-  float total = 0.0f;
-  for (int64_t j = 0; j < n; ++j) total += score[j];
-  __m512 acc[kMaxHeadChunks];
-  for (int64_t e = 0; e < chunks; ++e) acc[e] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < n; ++j) {
-    const at::BFloat16* v = values + static_cast<int64_t>(visible[j]) * d;
-    const __m512 w = _mm512_set1_ps(score[j]);
-    for (int64_t e = 0; e < chunks; ++e) acc[e] = _mm512_fmadd_ps(w, load_bf16(v + 16 * e, lanes(d - 16 * e)), acc[e]);
-  }
-  const __m512 inverse = _mm512_set1_ps(1.0f / total);
-  for (int64_t e = 0; e < chunks; ++e) store_bf16(out + 16 * e, lanes(d - 16 * e), _mm512_mul_ps(acc[e], inverse));
-}
-
 // Query rows of head h for sequence b, step row i at q + ((b * t + i) * q_row + h * d) (q_row: a
 // step row's stride); out likewise with out_row. keys/values [B, Hkv, C, D] with strides
 // (k0, k1, d, 1); mask [B or 1, t, c].
@@ -195,20 +154,87 @@ struct AttentionLayout {
   int64_t q_row, out_row, k0, k1, v0, v1, mask_batches;
 };
 
+// All query rows that share one key/value head (the step's rows x the group's query heads) in one
+// pass over the cache: each key and value is loaded once for all of them. Every row still runs the
+// same instructions on the same data in the same order as it would alone - its visible slots in
+// slot order - so its bits do not depend on the others.
+void attend_group(const AttentionLayout& a, int64_t b, int64_t kv, const at::BFloat16* q, const at::BFloat16* keys,
+                  const at::BFloat16* values, const bool* mask, at::BFloat16* out) {
+  const int64_t group = a.n_head / a.n_kv, rows = a.t * group, c = a.c, d = a.d;
+  const int64_t chunks = (d + 15) / 16, stride = c + 16;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  std::vector<float> queries(rows * chunks * 16), scores(rows * stride), acc(rows * chunks * 16, 0.0f);
+  std::vector<int64_t> count(rows, 0);
+  std::vector<const bool*> masks(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = r / group, h = kv * group + r % group;
+    const at::BFloat16* qrow = q + (b * a.t + i) * a.q_row + h * d;
+    for (int64_t e = 0; e < chunks; ++e)
+      _mm512_storeu_ps(&queries[(r * chunks + e) * 16],
+                       _mm512_mul_ps(load_bf16(qrow + 16 * e, lanes(d - 16 * e)), _mm512_set1_ps(scale)));
+    masks[r] = mask + ((a.mask_batches == 1 ? 0 : b) * a.t + i) * c;
+  }
+  const at::BFloat16* kh = keys + b * a.k0 + kv * a.k1;
+  const at::BFloat16* vh = values + b * a.v0 + kv * a.v1;
+  __m512 vec[kMaxHeadChunks];
+  for (int64_t s = 0; s < c; ++s) {  // scores, each row's in the order of its visible slots
+    bool loaded = false;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (!masks[r][s]) continue;
+      if (!loaded) {
+        for (int64_t e = 0; e < chunks; ++e) vec[e] = load_bf16(kh + s * d + 16 * e, lanes(d - 16 * e));
+        loaded = true;
+      }
+      const float* qr = &queries[r * chunks * 16];
+      __m512 dot = _mm512_mul_ps(_mm512_loadu_ps(qr), vec[0]);
+      for (int64_t e = 1; e < chunks; ++e) dot = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16 * e), vec[e], dot);
+      scores[r * stride + count[r]++] = _mm512_reduce_add_ps(dot);
+    }
+  }
+  std::vector<float> inverse(rows, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {  // softmax weights in place; the denominator summed in slot order
+    const int64_t n = count[r];
+    float* score = &scores[r * stride];
+    float top = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) top = std::max(top, score[j]);
+    const __m512 top_v = _mm512_set1_ps(top);
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 part = lanes(n - j);
+      _mm512_mask_storeu_ps(score + j, part, exp_clamped(_mm512_sub_ps(_mm512_maskz_loadu_ps(part, score + j), top_v)));
+    }
+    float total = 0.0f;
+    for (int64_t j = 0; j < n; ++j) total += score[j];
+    inverse[r] = n ? 1.0f / total : 0.0f;
+    count[r] = 0;
+  }
+  for (int64_t s = 0; s < c; ++s) {  // weighted values, slot after slot
+    bool loaded = false;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (!masks[r][s]) continue;
+      if (!loaded) {
+        for (int64_t e = 0; e < chunks; ++e) vec[e] = load_bf16(vh + s * d + 16 * e, lanes(d - 16 * e));
+        loaded = true;
+      }
+      const __m512 w = _mm512_set1_ps(scores[r * stride + count[r]++]);
+      float* ar = &acc[r * chunks * 16];
+      for (int64_t e = 0; e < chunks; ++e)
+        _mm512_storeu_ps(ar + 16 * e, _mm512_fmadd_ps(w, vec[e], _mm512_loadu_ps(ar + 16 * e)));
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = r / group, h = kv * group + r % group;
+    at::BFloat16* o = out + (b * a.t + i) * a.out_row + h * d;
+    const __m512 inv = _mm512_set1_ps(inverse[r]);
+    for (int64_t e = 0; e < chunks; ++e)
+      store_bf16(o + 16 * e, lanes(d - 16 * e), _mm512_mul_ps(_mm512_loadu_ps(&acc[(r * chunks + e) * 16]), inv));
+  }
+}
+
 void attend_rows(const AttentionLayout& a, const at::BFloat16* q, const at::BFloat16* keys, const at::BFloat16* values,
                  const bool* mask, at::BFloat16* out) {
   TORCH_CHECK(a.d <= 16 * kMaxHeadChunks, "attention: head_dim over 256");
-  const int64_t group = a.n_head / a.n_kv;
-  at::parallel_for(0, a.batch * a.t * a.n_head, 1, [&](int64_t begin, int64_t end) {
-    std::vector<int32_t> visible(a.c);
-    std::vector<float> score(a.c + 16);
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t b = row / (a.t * a.n_head), i = (row / a.n_head) % a.t, h = row % a.n_head;
-      const int64_t kv = h / group;
-      attend_row(q + (b * a.t + i) * a.q_row + h * a.d, keys + b * a.k0 + kv * a.k1, values + b * a.v0 + kv * a.v1,
-                 mask + ((a.mask_batches == 1 ? 0 : b) * a.t + i) * a.c, a.c, a.d,
-                 out + (b * a.t + i) * a.out_row + h * a.d, visible.data(), score.data());
-    }
+  at::parallel_for(0, a.batch * a.n_kv, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) attend_group(a, task / a.n_kv, task % a.n_kv, q, keys, values, mask, out);
   });
 }
 
