@@ -211,6 +211,8 @@ def test_a_compiled_draft_drafts_a_lone_sequence_and_changes_no_output(checkpoin
     eager = Engine(target, related)
     assert compiled.batch_scheduler(4).drafter.alone_steps.enabled
     prompts = mixed_prompts(3)
-    alone = [compiled.generate_batch([p], 20, max_batch=4)[0] for p in prompts]
-    assert [r.token_ids for r in alone] == [eager.generate_batch([p], 20, max_batch=4)[0].token_ids for p in prompts]
+    # a fixed γ: the draft is as large as this target, so the goodput γ would rightly choose not to draft
+    alone = [compiled.generate_batch([p], 20, max_batch=4, gamma=3)[0] for p in prompts]
+    assert [r.token_ids for r in alone] == [eager.generate_batch([p], 20, max_batch=4, gamma=3)[0].token_ids
+                                            for p in prompts]
     assert sum(r.stats.accepted for r in alone) > 0

@@ -1,4 +1,7 @@
-"""Static-shape forwards, the compiled draft steps, and the dtype defaults around them."""
+"""Static-shape forwards, the compiled draft steps, and the dtype defaults around them.
+
+These are torch's paths (torch.compile), which run where quickdraft's CPU kernels do not: every test
+here turns the kernels off and loads its own models, so that no native forward stands in for them."""
 
 from __future__ import annotations
 
@@ -7,14 +10,24 @@ import logging
 import pytest
 import torch
 
-from quickdraft import Engine
+from quickdraft import Engine, kernels
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.model import compiled, transformer
 from quickdraft.model.compiled import CompiledSteps, CompiledTreeSteps, static_capacity
 from quickdraft.tree import ROOT, TokenTree, run_tree, tree_attention_mask, tree_rows
-from quickdraft import kernels
 from quickdraft.model.loader import auto_dtype, default_draft_dtype, load_model
 from quickdraft.sampling import SamplingParams
+
+
+@pytest.fixture(autouse=True)
+def torch_kernels_only(monkeypatch):
+    monkeypatch.setattr(kernels, "available", lambda: False)
+
+
+@pytest.fixture
+def models(checkpoints):
+    """Fresh, unpacked models (the session's shared ones may carry native forwards by now)."""
+    return {name: load_model(path) for name, path in checkpoints.items()}
 
 
 @pytest.mark.parametrize("transposed_lm_head", [True, False])
@@ -58,15 +71,15 @@ def test_compiled_drafter_keeps_greedy_output_and_its_drafts_match_the_eager_dra
     assert len(sampled.token_ids) == 32
 
 
-def test_a_failing_compile_falls_back_to_eager_drafting_with_one_warning(models, monkeypatch, caplog):
+def test_a_failing_compile_falls_back_to_eager_drafting_with_one_warning(checkpoints, monkeypatch, caplog):
     def broken_compile(fn, **kwargs):
         def run(*args):
             raise RuntimeError("no C++ compiler")
         return run
 
     monkeypatch.setattr(compiled.torch, "compile", broken_compile)
-    drafter = DraftModelDrafter(models["related"], compile=True)
-    engine = Engine(models["target"], drafter, exact=False)
+    drafter = DraftModelDrafter(load_model(checkpoints["related"]), compile=True)
+    engine = Engine(load_model(checkpoints["target"]), drafter, exact=False)
     with caplog.at_level(logging.WARNING):
         result = engine.generate(list(range(3, 20)), 24, gamma=3)
     assert result.token_ids == engine.generate(list(range(3, 20)), 24, gamma=0).token_ids

@@ -4,7 +4,8 @@ Three kernels (``bf16_kernels.cpp``): ``linear_bf16`` (weight products), ``atten
 (attention over a cache window) and ``rms_norm_bf16``, for bf16 decode steps of a few rows - 1-row plain decoding, verify
 steps of 2-33 rows, token trees, batched steps - on CPUs with AVX512-BF16 dot products (Zen 4,
 Intel Cooper Lake and Sapphire Rapids on). A row's result is the same bits whatever the other rows,
-which exact mode's probes then find.
+which exact mode's probes then find. The whole forward also exists for fp32 weights
+(``forward_f32``, fused multiply-adds; packed by ``pack_f32``).
 
 The library is compiled once per source, torch version and compiler into
 ``$QUICKDRAFT_CACHE`` (default ``~/.cache/quickdraft``)/kernels, in ~20 s, with the C++ compiler that
@@ -132,6 +133,17 @@ def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
     return padded.view(blocks, BLOCK_COLUMNS, k // 2, 2).permute(0, 2, 1, 3).contiguous()
 
 
+def pack_f32(weight: torch.Tensor) -> torch.Tensor:
+    """A [N, K] fp32 weight in the fp32 whole-forward layout [ceil(N/64), K, 64]."""
+    n, k = weight.shape
+    if weight.dtype != torch.float32:
+        raise ValueError(f"pack_f32 needs an fp32 weight, got {weight.dtype}")
+    blocks = -(-n // BLOCK_COLUMNS)
+    padded = torch.zeros(blocks * BLOCK_COLUMNS, k)
+    padded[:n] = weight.detach().cpu()
+    return padded.view(blocks, BLOCK_COLUMNS, k).permute(0, 2, 1).contiguous()
+
+
 def linear_bf16(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n_out: int) -> torch.Tensor:
     """x [..., K] bf16 @ Wᵀ (+ bias) -> [..., n_out] bf16, W packed by ``pack_bf16``."""
     return torch.ops.quickdraft.linear_bf16(x, packed, bias, n_out)
@@ -152,6 +164,8 @@ def forward_bf16(tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Ten
                  cos: torch.Tensor, signed_sin: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
                  weights: list[torch.Tensor], n_layers: int, n_head: int, n_kv: int, head_dim: int,
                  intermediate: int, vocab: int, eps: float) -> torch.Tensor:
-    """A Llama-family forward over a step's rows in one call (see ``model/native.py``)."""
-    return torch.ops.quickdraft.forward_bf16(tokens, positions, slots, mask, cos, signed_sin, keys, values, weights,
+    """A Llama-family forward over a step's rows in one call (see ``model/native.py``): bf16 or
+    fp32 (``forward_f32``, the same arguments), after the weights' dtype."""
+    op = torch.ops.quickdraft.forward_bf16 if weights[0].dtype == torch.bfloat16 else torch.ops.quickdraft.forward_f32
+    return op(tokens, positions, slots, mask, cos, signed_sin, keys, values, weights,
                                              n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps)

@@ -107,6 +107,66 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, const std:
   return y.view(out_shape);
 }
 
+// ---- fp32 products ---------------------------------------------------------------------------
+// The same scheme for fp32 weights (no bf16 unit needed): packed [ceil(N/64), K, 64], each input
+// k's 64 column weights in one 256-byte line, fused multiply-adds in input order.
+template <int Rows>
+void tile_f32(const float* x, int64_t x_stride, const float* weights, int64_t k, const float* bias, float* y,
+              int64_t y_stride, int64_t columns) {
+  __m512 acc[Rows][4];
+  for (int r = 0; r < Rows; ++r)
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < k; ++p) {
+    const float* line = weights + kBlockColumns * p;
+    const __m512 w0 = _mm512_loadu_ps(line), w1 = _mm512_loadu_ps(line + 16);
+    const __m512 w2 = _mm512_loadu_ps(line + 32), w3 = _mm512_loadu_ps(line + 48);
+    for (int r = 0; r < Rows; ++r) {
+      const __m512 xp = _mm512_set1_ps(x[r * x_stride + p]);
+      acc[r][0] = _mm512_fmadd_ps(xp, w0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(xp, w1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(xp, w2, acc[r][2]);
+      acc[r][3] = _mm512_fmadd_ps(xp, w3, acc[r][3]);
+    }
+  }
+  for (int c = 0; c < 4; ++c) {
+    const int64_t first = c * 16;
+    if (first >= columns) break;
+    const __mmask16 keep = columns - first >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (columns - first)) - 1);
+    const __m512 b = bias ? _mm512_maskz_loadu_ps(keep, bias + first) : _mm512_setzero_ps();
+    for (int r = 0; r < Rows; ++r) _mm512_mask_storeu_ps(y + r * y_stride + first, keep, _mm512_add_ps(acc[r][c], b));
+  }
+}
+
+using TileF32 = void (*)(const float*, int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t);
+constexpr TileF32 kTilesF32[kTileRows + 1] = {nullptr, tile_f32<1>, tile_f32<2>, tile_f32<3>, tile_f32<4>,
+                                               tile_f32<5>, tile_f32<6>};
+
+void linear_rows(const float* x, int64_t m, const at::Tensor& packed, const float* bias, int64_t n_out, float* y) {
+  const int64_t k = packed.size(1), blocks = packed.size(0);
+  const float* ws = packed.data_ptr<float>();
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t first = block * kBlockColumns;
+      const int64_t columns = std::min(kBlockColumns, n_out - first);
+      for (int64_t r = 0; r < m; r += kTileRows) {
+        const int64_t n = std::min(kTileRows, m - r);
+        kTilesF32[n](x + r * k, k, ws + block * k * kBlockColumns, k, bias ? bias + first : nullptr,
+                     y + r * n_out + first, n_out, columns);
+      }
+    }
+  });
+}
+
+void check_packed_f32(const at::Tensor& packed, int64_t k, int64_t n_out) {
+  TORCH_CHECK(packed.scalar_type() == at::kFloat && packed.dim() == 3 && packed.size(2) == kBlockColumns &&
+              packed.is_contiguous(), "weight not packed by quickdraft.kernels.pack_f32");
+  TORCH_CHECK(k == packed.size(1) && n_out <= packed.size(0) * kBlockColumns &&
+              n_out > (packed.size(0) - 1) * kBlockColumns, "shapes do not match the packed weight");
+}
+
+inline void check_packed_for(const at::BFloat16*, const at::Tensor& packed, int64_t k, int64_t n) { check_packed(packed, k, n); }
+inline void check_packed_for(const float*, const at::Tensor& packed, int64_t k, int64_t n) { check_packed_f32(packed, k, n); }
+
 // ---- attention ------------------------------------------------------------------------------
 // Each query row attends over the cache slots its mask marks. A row's result is a function of
 // the ordered list of its visible (key, value) pairs only: scores are separate dot products, the
@@ -144,6 +204,22 @@ inline void store_bf16(at::BFloat16* p, __mmask16 keep, __m512 v) {
   _mm256_mask_storeu_epi16(p, keep, (__m256i)_mm512_cvtneps_pbh(v));
 }
 
+// Loads, stores and the rounding a value gets when the eager model stores it, per element type.
+template <typename T>
+struct Elem;
+template <>
+struct Elem<at::BFloat16> {
+  static __m512 load(const at::BFloat16* p, __mmask16 keep) { return load_bf16(p, keep); }
+  static void store(at::BFloat16* p, __mmask16 keep, __m512 v) { store_bf16(p, keep, v); }
+  static __m512 round(__m512 v) { return _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(v)); }
+};
+template <>
+struct Elem<float> {
+  static __m512 load(const float* p, __mmask16 keep) { return _mm512_maskz_loadu_ps(keep, p); }
+  static void store(float* p, __mmask16 keep, __m512 v) { _mm512_mask_storeu_ps(p, keep, v); }
+  static __m512 round(__m512 v) { return v; }
+};
+
 constexpr int kMaxHeadChunks = 16;  // head_dim <= 256
 
 // Query rows of head h for sequence b, step row i at q + ((b * t + i) * q_row + h * d) (q_row: a
@@ -158,8 +234,9 @@ struct AttentionLayout {
 // pass over the cache: each key and value is loaded once for all of them. Every row still runs the
 // same instructions on the same data in the same order as it would alone - its visible slots in
 // slot order - so its bits do not depend on the others.
-void attend_group(const AttentionLayout& a, int64_t b, int64_t kv, const at::BFloat16* q, const at::BFloat16* keys,
-                  const at::BFloat16* values, const bool* mask, at::BFloat16* out) {
+template <typename T>
+void attend_group(const AttentionLayout& a, int64_t b, int64_t kv, const T* q, const T* keys,
+                  const T* values, const bool* mask, T* out) {
   const int64_t group = a.n_head / a.n_kv, rows = a.t * group, c = a.c, d = a.d;
   const int64_t chunks = (d + 15) / 16, stride = c + 16;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
@@ -168,21 +245,21 @@ void attend_group(const AttentionLayout& a, int64_t b, int64_t kv, const at::BFl
   std::vector<const bool*> masks(rows);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = r / group, h = kv * group + r % group;
-    const at::BFloat16* qrow = q + (b * a.t + i) * a.q_row + h * d;
+    const T* qrow = q + (b * a.t + i) * a.q_row + h * d;
     for (int64_t e = 0; e < chunks; ++e)
       _mm512_storeu_ps(&queries[(r * chunks + e) * 16],
-                       _mm512_mul_ps(load_bf16(qrow + 16 * e, lanes(d - 16 * e)), _mm512_set1_ps(scale)));
+                       _mm512_mul_ps(Elem<T>::load(qrow + 16 * e, lanes(d - 16 * e)), _mm512_set1_ps(scale)));
     masks[r] = mask + ((a.mask_batches == 1 ? 0 : b) * a.t + i) * c;
   }
-  const at::BFloat16* kh = keys + b * a.k0 + kv * a.k1;
-  const at::BFloat16* vh = values + b * a.v0 + kv * a.v1;
+  const T* kh = keys + b * a.k0 + kv * a.k1;
+  const T* vh = values + b * a.v0 + kv * a.v1;
   __m512 vec[kMaxHeadChunks];
   for (int64_t s = 0; s < c; ++s) {  // scores, each row's in the order of its visible slots
     bool loaded = false;
     for (int64_t r = 0; r < rows; ++r) {
       if (!masks[r][s]) continue;
       if (!loaded) {
-        for (int64_t e = 0; e < chunks; ++e) vec[e] = load_bf16(kh + s * d + 16 * e, lanes(d - 16 * e));
+        for (int64_t e = 0; e < chunks; ++e) vec[e] = Elem<T>::load(kh + s * d + 16 * e, lanes(d - 16 * e));
         loaded = true;
       }
       const float* qr = &queries[r * chunks * 16];
@@ -212,7 +289,7 @@ void attend_group(const AttentionLayout& a, int64_t b, int64_t kv, const at::BFl
     for (int64_t r = 0; r < rows; ++r) {
       if (!masks[r][s]) continue;
       if (!loaded) {
-        for (int64_t e = 0; e < chunks; ++e) vec[e] = load_bf16(vh + s * d + 16 * e, lanes(d - 16 * e));
+        for (int64_t e = 0; e < chunks; ++e) vec[e] = Elem<T>::load(vh + s * d + 16 * e, lanes(d - 16 * e));
         loaded = true;
       }
       const __m512 w = _mm512_set1_ps(scores[r * stride + count[r]++]);
@@ -223,18 +300,19 @@ void attend_group(const AttentionLayout& a, int64_t b, int64_t kv, const at::BFl
   }
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = r / group, h = kv * group + r % group;
-    at::BFloat16* o = out + (b * a.t + i) * a.out_row + h * d;
+    T* o = out + (b * a.t + i) * a.out_row + h * d;
     const __m512 inv = _mm512_set1_ps(inverse[r]);
     for (int64_t e = 0; e < chunks; ++e)
-      store_bf16(o + 16 * e, lanes(d - 16 * e), _mm512_mul_ps(_mm512_loadu_ps(&acc[(r * chunks + e) * 16]), inv));
+      Elem<T>::store(o + 16 * e, lanes(d - 16 * e), _mm512_mul_ps(_mm512_loadu_ps(&acc[(r * chunks + e) * 16]), inv));
   }
 }
 
-void attend_rows(const AttentionLayout& a, const at::BFloat16* q, const at::BFloat16* keys, const at::BFloat16* values,
-                 const bool* mask, at::BFloat16* out) {
+template <typename T>
+void attend_rows(const AttentionLayout& a, const T* q, const T* keys, const T* values,
+                 const bool* mask, T* out) {
   TORCH_CHECK(a.d <= 16 * kMaxHeadChunks, "attention: head_dim over 256");
   at::parallel_for(0, a.batch * a.n_kv, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) attend_group(a, task / a.n_kv, task % a.n_kv, q, keys, values, mask, out);
+    for (int64_t task = begin; task < end; ++task) attend_group<T>(a, task / a.n_kv, task % a.n_kv, q, keys, values, mask, out);
   });
 }
 
@@ -256,7 +334,7 @@ at::Tensor attend_bf16(const at::Tensor& q, const at::Tensor& keys, const at::Te
   at::Tensor y = at::empty({batch, t, n_head, d}, q.options());
   const AttentionLayout layout{batch, t, n_head, keys.size(1), d, keys.size(2), n_head * d, n_head * d,
                                keys.stride(0), keys.stride(1), values.stride(0), values.stride(1), m.size(0)};
-  attend_rows(layout, rows.data_ptr<at::BFloat16>(), keys.data_ptr<at::BFloat16>(), values.data_ptr<at::BFloat16>(),
+  attend_rows<at::BFloat16>(layout, rows.data_ptr<at::BFloat16>(), keys.data_ptr<at::BFloat16>(), values.data_ptr<at::BFloat16>(),
               m.data_ptr<bool>(), y.data_ptr<at::BFloat16>());
   return y.transpose(1, 2);
 }
@@ -264,21 +342,22 @@ at::Tensor attend_bf16(const at::Tensor& q, const at::Tensor& keys, const at::Te
 // ---- RMSNorm --------------------------------------------------------------------------------
 // weight * bf16(x / rms(x)), the sum of squares in fp32 in one fixed order per row
 // (torch.compile's fused norms vectorise the reduction differently per row count).
-void rms_norm_rows(const at::BFloat16* x, int64_t m, int64_t h, const at::BFloat16* w, float eps, at::BFloat16* y) {
+template <typename T>
+void rms_norm_rows(const T* x, int64_t m, int64_t h, const T* w, float eps, T* y) {
   const int64_t chunks = (h + 15) / 16;
   for (int64_t r = 0; r < m; ++r) {
-    const at::BFloat16* xr = x + r * h;
+    const T* xr = x + r * h;
     __m512 squares = _mm512_setzero_ps();
     for (int64_t j = 0; j < chunks; ++j) {
-      const __m512 v = load_bf16(xr + 16 * j, lanes(h - 16 * j));
+      const __m512 v = Elem<T>::load(xr + 16 * j, lanes(h - 16 * j));
       squares = _mm512_fmadd_ps(v, v, squares);
     }
     const float inverse = 1.0f / std::sqrt(_mm512_reduce_add_ps(squares) / static_cast<float>(h) + eps);
     const __m512 scale = _mm512_set1_ps(inverse);
     for (int64_t j = 0; j < chunks; ++j) {
       const __mmask16 keep = lanes(h - 16 * j);
-      const __m512 normed = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(_mm512_mul_ps(load_bf16(xr + 16 * j, keep), scale)));
-      store_bf16(y + r * h + 16 * j, keep, _mm512_mul_ps(normed, load_bf16(w + 16 * j, keep)));
+      const __m512 normed = Elem<T>::round(_mm512_mul_ps(Elem<T>::load(xr + 16 * j, keep), scale));
+      Elem<T>::store(y + r * h + 16 * j, keep, _mm512_mul_ps(normed, Elem<T>::load(w + 16 * j, keep)));
     }
   }
 }
@@ -290,7 +369,7 @@ at::Tensor rms_norm_bf16(const at::Tensor& x, const at::Tensor& weight, double e
   const at::Tensor rows = x.reshape({-1, h}).contiguous();
   const at::Tensor w = weight.contiguous();
   at::Tensor y = at::empty_like(rows);
-  rms_norm_rows(rows.data_ptr<at::BFloat16>(), rows.size(0), h, w.data_ptr<at::BFloat16>(), static_cast<float>(eps),
+  rms_norm_rows<at::BFloat16>(rows.data_ptr<at::BFloat16>(), rows.size(0), h, w.data_ptr<at::BFloat16>(), static_cast<float>(eps),
                 y.data_ptr<at::BFloat16>());
   return y.view(x.sizes());
 }
@@ -303,7 +382,8 @@ at::Tensor rms_norm_bf16(const at::Tensor& x, const at::Tensor& weight, double e
 //
 // weights: embed [V, E]; per layer: attn_norm [E], qkv (packed), qkv_bias (fp32, or empty),
 // out (packed), mlp_norm [E], up (packed, gate then up), down (packed); then norm [E], head (packed).
-at::Tensor forward_bf16(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,
+template <typename T>
+at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,
                         const at::Tensor& mask, const at::Tensor& cos, const at::Tensor& signed_sin,
                         at::TensorList keys, at::TensorList values, at::TensorList weights, int64_t n_layers,
                         int64_t n_head, int64_t n_kv, int64_t head_dim, int64_t intermediate, int64_t vocab,
@@ -314,11 +394,11 @@ at::Tensor forward_bf16(const at::Tensor& tokens, const at::Tensor& positions, c
   const int64_t e = embed.size(1), d = head_dim, q_dim = n_head * d, kv_dim = n_kv * d;
   const int64_t qkv_dim = q_dim + 2 * kv_dim, half = d / 2;
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == 1 + kPerLayer * static_cast<int64_t>(keys.size()) + 2,
-              "forward_bf16: weights do not match the layers");
+              "forward: weights do not match the layers");
   TORCH_CHECK(n_layers <= static_cast<int64_t>(keys.size()) && mask.size(1) == t && mask.size(2) <= keys[0].size(2),
-              "forward_bf16: shapes");
+              "forward: shapes");
   TORCH_CHECK(tokens.is_contiguous() && positions.is_contiguous() && slots.is_contiguous() && mask.is_contiguous() &&
-              cos.is_contiguous() && signed_sin.is_contiguous() && d % 2 == 0, "forward_bf16: layouts");
+              cos.is_contiguous() && signed_sin.is_contiguous() && d % 2 == 0, "forward: layouts");
   const auto* tok = tokens.data_ptr<int64_t>();
   const auto* pos = positions.data_ptr<int64_t>();
   const auto* slot = slots.data_ptr<int64_t>();
@@ -326,52 +406,52 @@ at::Tensor forward_bf16(const at::Tensor& tokens, const at::Tensor& positions, c
   at::Tensor residual = at::empty({m, e}, opts), normed = at::empty({m, e}, opts), projected = at::empty({m, e}, opts);
   at::Tensor qkv = at::empty({m, qkv_dim}, opts), attended = at::empty({m, q_dim}, opts);
   at::Tensor gate_up = at::empty({m, 2 * intermediate}, opts), hidden = at::empty({m, intermediate}, opts);
-  auto* h = residual.data_ptr<at::BFloat16>();
-  auto* xn = normed.data_ptr<at::BFloat16>();
-  auto* proj = projected.data_ptr<at::BFloat16>();
-  auto* qkvs = qkv.data_ptr<at::BFloat16>();
-  auto* att = attended.data_ptr<at::BFloat16>();
-  auto* gu = gate_up.data_ptr<at::BFloat16>();
-  auto* hid = hidden.data_ptr<at::BFloat16>();
-  const auto* emb = embed.data_ptr<at::BFloat16>();
+  auto* h = residual.data_ptr<T>();
+  auto* xn = normed.data_ptr<T>();
+  auto* proj = projected.data_ptr<T>();
+  auto* qkvs = qkv.data_ptr<T>();
+  auto* att = attended.data_ptr<T>();
+  auto* gu = gate_up.data_ptr<T>();
+  auto* hid = hidden.data_ptr<T>();
+  const auto* emb = embed.data_ptr<T>();
   for (int64_t r = 0; r < m; ++r) {
-    TORCH_CHECK(tok[r] >= 0 && tok[r] < embed.size(0), "forward_bf16: token id out of range");
+    TORCH_CHECK(tok[r] >= 0 && tok[r] < embed.size(0), "forward: token id out of range");
     std::copy(emb + tok[r] * e, emb + (tok[r] + 1) * e, h + r * e);
   }
-  const auto* cs = cos.data_ptr<at::BFloat16>();
-  const auto* sn = signed_sin.data_ptr<at::BFloat16>();
-  const auto add_into_residual = [&](const at::BFloat16* y) {
+  const auto* cs = cos.data_ptr<T>();
+  const auto* sn = signed_sin.data_ptr<T>();
+  const auto add_into_residual = [&](const T* y) {
     for (int64_t i = 0; i < m * e; i += 16) {
       const __mmask16 keep = lanes(m * e - i);
-      store_bf16(h + i, keep, _mm512_add_ps(load_bf16(h + i, keep), load_bf16(y + i, keep)));
+      Elem<T>::store(h + i, keep, _mm512_add_ps(Elem<T>::load(h + i, keep), Elem<T>::load(y + i, keep)));
     }
   };
   for (int64_t layer = 0; layer < n_layers; ++layer) {
     const at::Tensor* w = &weights[1 + kPerLayer * layer];
-    rms_norm_rows(h, m, e, w[0].data_ptr<at::BFloat16>(), static_cast<float>(eps), xn);
-    check_packed(w[1], e, qkv_dim);
+    rms_norm_rows(h, m, e, w[0].data_ptr<T>(), static_cast<float>(eps), xn);
+    check_packed_for(h, w[1], e, qkv_dim);
     linear_rows(xn, m, w[1], w[2].numel() ? w[2].data_ptr<float>() : nullptr, qkv_dim, qkvs);
     // RoPE on the query and key heads (rotate-half layout, sign folded into signed_sin), then the
     // keys and values into their cache slots.
-    at::BFloat16* kc = keys[layer].data_ptr<at::BFloat16>();
-    at::BFloat16* vc = values[layer].data_ptr<at::BFloat16>();
+    T* kc = keys[layer].data_ptr<T>();
+    T* vc = values[layer].data_ptr<T>();
     const int64_t k0 = keys[layer].stride(0), k1 = keys[layer].stride(1), capacity = keys[layer].size(2);
     const int64_t v0 = values[layer].stride(0), v1 = values[layer].stride(1);
     for (int64_t r = 0; r < m; ++r) {
-      const at::BFloat16* c_row = cs + pos[r] * d;
-      const at::BFloat16* s_row = sn + pos[r] * d;
-      at::BFloat16* row = qkvs + r * qkv_dim;
+      const T* c_row = cs + pos[r] * d;
+      const T* s_row = sn + pos[r] * d;
+      T* row = qkvs + r * qkv_dim;
       for (int64_t head = 0; head < n_head + n_kv; ++head) {
-        at::BFloat16* x = row + head * d;
+        T* x = row + head * d;
         float rotated[512];
         for (int64_t i = 0; i < d; ++i) {
           const float other = static_cast<float>(x[i < half ? i + half : i - half]);
           rotated[i] = static_cast<float>(x[i]) * static_cast<float>(c_row[i]) + other * static_cast<float>(s_row[i]);
         }
-        for (int64_t i = 0; i < d; ++i) x[i] = at::BFloat16(rotated[i]);
+        for (int64_t i = 0; i < d; ++i) x[i] = static_cast<T>(rotated[i]);
       }
       const int64_t b = r / t;
-      TORCH_CHECK(slot[r] >= 0 && slot[r] < capacity, "forward_bf16: cache slot out of range");
+      TORCH_CHECK(slot[r] >= 0 && slot[r] < capacity, "forward: cache slot out of range");
       for (int64_t kv = 0; kv < n_kv; ++kv) {
         std::copy(row + q_dim + kv * d, row + q_dim + (kv + 1) * d, kc + b * k0 + kv * k1 + slot[r] * d);
         std::copy(row + q_dim + kv_dim + kv * d, row + q_dim + kv_dim + (kv + 1) * d, vc + b * v0 + kv * v1 + slot[r] * d);
@@ -379,32 +459,52 @@ at::Tensor forward_bf16(const at::Tensor& tokens, const at::Tensor& positions, c
     }
     const AttentionLayout layout{batch, t, n_head, n_kv, d, mask.size(2), qkv_dim, q_dim, k0, k1, v0, v1, mask.size(0)};
     attend_rows(layout, qkvs, kc, vc, mask.data_ptr<bool>(), att);
-    check_packed(w[3], q_dim, e);
+    check_packed_for(h, w[3], q_dim, e);
     linear_rows(att, m, w[3], nullptr, e, proj);
     add_into_residual(proj);
-    rms_norm_rows(h, m, e, w[4].data_ptr<at::BFloat16>(), static_cast<float>(eps), xn);
-    check_packed(w[5], e, 2 * intermediate);
+    rms_norm_rows(h, m, e, w[4].data_ptr<T>(), static_cast<float>(eps), xn);
+    check_packed_for(h, w[5], e, 2 * intermediate);
     linear_rows(xn, m, w[5], nullptr, 2 * intermediate, gu);
     for (int64_t r = 0; r < m; ++r) {  // silu(gate) * up, each rounded to bf16 as the eager model does
-      const at::BFloat16* g = gu + r * 2 * intermediate;
+      const T* g = gu + r * 2 * intermediate;
       for (int64_t i = 0; i < intermediate; i += 16) {
         const __mmask16 keep = lanes(intermediate - i);
-        const __m512 gv = load_bf16(g + i, keep);
+        const __m512 gv = Elem<T>::load(g + i, keep);
         const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), exp_clamped(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
-        const __m512 rounded = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(silu));
-        store_bf16(hid + r * intermediate + i, keep, _mm512_mul_ps(rounded, load_bf16(g + intermediate + i, keep)));
+        const __m512 rounded = Elem<T>::round(silu);
+        Elem<T>::store(hid + r * intermediate + i, keep, _mm512_mul_ps(rounded, Elem<T>::load(g + intermediate + i, keep)));
       }
     }
-    check_packed(w[6], intermediate, e);
+    check_packed_for(h, w[6], intermediate, e);
     linear_rows(hid, m, w[6], nullptr, e, proj);
     add_into_residual(proj);
   }
   const at::Tensor* tail = &weights[1 + kPerLayer * keys.size()];
-  rms_norm_rows(h, m, e, tail[0].data_ptr<at::BFloat16>(), static_cast<float>(eps), xn);
-  check_packed(tail[1], e, vocab);
+  rms_norm_rows(h, m, e, tail[0].data_ptr<T>(), static_cast<float>(eps), xn);
+  check_packed_for(h, tail[1], e, vocab);
   at::Tensor logits = at::empty({batch, t, vocab}, opts);
-  linear_rows(xn, m, tail[1], nullptr, vocab, logits.data_ptr<at::BFloat16>());
+  linear_rows(xn, m, tail[1], nullptr, vocab, logits.data_ptr<T>());
   return logits;
+}
+
+at::Tensor forward_bf16(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,
+                        const at::Tensor& mask, const at::Tensor& cos, const at::Tensor& signed_sin,
+                        at::TensorList keys, at::TensorList values, at::TensorList weights, int64_t n_layers,
+                        int64_t n_head, int64_t n_kv, int64_t head_dim, int64_t intermediate, int64_t vocab,
+                        double eps) {
+  TORCH_CHECK(weights[0].scalar_type() == at::kBFloat16 && cos.scalar_type() == at::kBFloat16, "forward_bf16: bf16 weights");
+  return forward_native<at::BFloat16>(tokens, positions, slots, mask, cos, signed_sin, keys, values, weights, n_layers,
+                                      n_head, n_kv, head_dim, intermediate, vocab, eps);
+}
+
+at::Tensor forward_f32(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,
+                       const at::Tensor& mask, const at::Tensor& cos, const at::Tensor& signed_sin,
+                       at::TensorList keys, at::TensorList values, at::TensorList weights, int64_t n_layers,
+                       int64_t n_head, int64_t n_kv, int64_t head_dim, int64_t intermediate, int64_t vocab,
+                       double eps) {
+  TORCH_CHECK(weights[0].scalar_type() == at::kFloat && cos.scalar_type() == at::kFloat, "forward_f32: fp32 weights");
+  return forward_native<float>(tokens, positions, slots, mask, cos, signed_sin, keys, values, weights, n_layers,
+                               n_head, n_kv, head_dim, intermediate, vocab, eps);
 }
 
 }  // namespace
@@ -416,6 +516,9 @@ TORCH_LIBRARY(quickdraft, m) {
   m.def("forward_bf16(Tensor tokens, Tensor positions, Tensor slots, Tensor mask, Tensor cos, Tensor signed_sin, "
         "Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, int n_kv, int head_dim, "
         "int intermediate, int vocab, float eps) -> Tensor");
+  m.def("forward_f32(Tensor tokens, Tensor positions, Tensor slots, Tensor mask, Tensor cos, Tensor signed_sin, "
+        "Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, int n_kv, int head_dim, "
+        "int intermediate, int vocab, float eps) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
@@ -423,4 +526,5 @@ TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
   m.impl("attend_bf16", &attend_bf16);
   m.impl("rms_norm_bf16", &rms_norm_bf16);
   m.impl("forward_bf16", &forward_bf16);
+  m.impl("forward_f32", &forward_f32);
 }

@@ -8,7 +8,8 @@ on the batch, on the attention window or on where a tree's ancestors sit in the 
 compiled: there is no graph to build before the first request.
 
 Used by ``Transformer`` for cached forwards of up to NATIVE_MAX_ROWS rows (decode, verify, tree,
-batched and early-exit steps) when the model is bf16 on a CPU with AVX512-BF16 and its architecture
+batched and early-exit steps) when the model is bf16 or fp32 on a CPU with AVX512-BF16 (the fp32
+forward needs only AVX-512, but ships in the same library) and its architecture
 is covered: RMSNorm, RoPE, a gated SiLU MLP without biases, no sliding window. Other models keep the
 per-op path.
 """
@@ -28,6 +29,11 @@ if TYPE_CHECKING:
 NATIVE_MAX_ROWS = 288  # a batched step of 16 sequences x 17 rows; longer prefills keep the per-op path
 
 
+def packed(layer: torch.nn.Linear) -> torch.Tensor | None:
+    """The layer's weight packed for the whole forward of its dtype, if ``pack_products`` packed it."""
+    return layer._buffers.get("packed_bf16", layer._buffers.get("packed_f32"))
+
+
 class NativeForward:
     def __init__(self, model: Transformer) -> None:
         self.model = model
@@ -36,10 +42,10 @@ class NativeForward:
         weights = [model.embed.weight.detach()]
         for block in model.layers:
             bias = block.attn.qkv.bias
-            weights += [block.attn_norm.weight.detach(), block.attn.qkv.packed_bf16,
-                        empty if bias is None else bias.detach().float().contiguous(), block.attn.out.packed_bf16,
-                        block.mlp_norm.weight.detach(), block.mlp.up.packed_bf16, block.mlp.down.packed_bf16]
-        weights += [model.norm.weight.detach(), model.lm_head.packed_bf16]
+            weights += [block.attn_norm.weight.detach(), packed(block.attn.qkv),
+                        empty if bias is None else bias.detach().float().contiguous(), packed(block.attn.out),
+                        block.mlp_norm.weight.detach(), packed(block.mlp.up), packed(block.mlp.down)]
+        weights += [model.norm.weight.detach(), packed(model.lm_head)]
         self.weights = weights
         self.shape = (c.n_head, c.n_kv_head, c.head_dim, c.intermediate_size, c.vocab_size)
         self.eps = c.norm_eps
@@ -49,11 +55,13 @@ class NativeForward:
         from quickdraft.model.transformer import RMSNorm
 
         c = model.config
+        if len(model.layers) == 0:
+            return False
         block = model.layers[0]
         return (not c.is_gpt2 and c.activation == "silu" and c.sliding_window is None and c.head_dim % 2 == 0
-                and c.head_dim <= 256 and isinstance(model.norm, RMSNorm) and model.products_packed
-                and all("packed_bf16" in layer._buffers for layer in (block.attn.qkv, block.attn.out, block.mlp.up,
-                                                                      block.mlp.down))
+                and c.head_dim <= 256 and isinstance(model.norm, RMSNorm) and packed(model.lm_head) is not None
+                and all(packed(layer) is not None for layer in (block.attn.qkv, block.attn.out, block.mlp.up,
+                                                                block.mlp.down))
                 and block.attn.out.bias is None and block.mlp.up.bias is None and block.mlp.down.bias is None)
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
