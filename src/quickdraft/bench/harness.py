@@ -78,6 +78,7 @@ class BenchSettings:
     draft_dtype: str | None = None  # None: default_draft_dtype
     compile_drafter: bool = True  # torch.compile the draft model's steps (compiled during the warm-up)
     compile_target: bool = True  # the same for the target's steps in every non-exact engine, plain included
+    native_forwards: bool = False  # set by the run: the target ran quickdraft's whole forwards in C++ (model/native.py)
     device: str = "cpu"
     prompts: str | None = None  # JSONL of {"id", "kind", "prompt"}; None: the shipped set
     prompt_limit: int | None = None  # use the first N prompts, continuations and grounded interleaved
@@ -376,7 +377,10 @@ class Bench:
         for e in sorted(engines, key=lambda e: e.drafter is None):
             if not e.exact:
                 continue
-            if e.target_steps is not None:
+            if e.model.native is not None:
+                self.notes.append("exact mode: native forwards, unpadded; every row count up to γ + 1 probed to give "
+                                  "each row the bits of one token at a time")
+            elif e.target_steps is not None:
                 self.notes.append(f"exact mode: compiled target steps in row buckets {e.target_steps.row_buckets}, "
                                   "each row's bits the same in every bucket (probed)")
             else:
@@ -470,6 +474,7 @@ class Bench:
                                    else default_draft_dtype(s.dtype, s.device))
         target = load_model(s.target, dtype=s.dtype, device=s.device)
         target.model.pack_products()  # as every engine does; native forwards lift the compiled steps' γ cap
+        s.native_forwards = target.model.native is not None
         draft = load_model(s.draft, dtype=s.draft_dtype, device=s.device) if s.draft else None
         prompts = load_prompts(s.prompts, s.prompt_limit)
         prompt_ids = [encode_prompt(target, p["prompt"]) for p in prompts]

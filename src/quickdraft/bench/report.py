@@ -57,7 +57,8 @@ def markdown_report(report: dict[str, Any], command: str | None = None) -> str:
         kinds[p["kind"]] = kinds.get(p["kind"], 0) + 1
     out.append(f"{len(report['prompts'])} prompts ({', '.join(f'{n} {k}' for k, n in kinds.items())}), "
                f"{s['max_new_tokens']} new tokens each (EOS ignored), target {s['dtype']}"
-               + (" (compiled target steps)" if s.get("compile_target") else "")
+               + (" (native forwards)" if s.get("native_forwards")
+                  else " (compiled target steps)" if s.get("compile_target") else "")
                + (f", draft {s.get('draft_dtype')}{' compiled' if s.get('compile_drafter') else ''}" if d else "")
                + f", {s['repeats']} measured rounds "
                f"after a warm-up; medians; tokens/s by {CLOCK_NAMES.get(s.get('clock', 'wall'))}. "
