@@ -155,3 +155,18 @@ def test_native_forwards_give_a_row_the_same_bits_alone_in_a_batch_and_in_a_tree
             mask[row, slots[: row + 1]] = True
         tree = model.forward_tree(tokens[:, 9:], torch.arange(9, 12), slots, mask, cache2)[0]
         assert torch.equal(tree, alone[9:])
+
+
+def test_a_model_too_large_for_a_packed_copy_keeps_torchs_kernels(monkeypatch, caplog) -> None:
+    from quickdraft import resources
+    from quickdraft.model.config import ModelConfig
+    from quickdraft.model.transformer import Transformer
+
+    config = ModelConfig(model_type="llama", vocab_size=300, n_embd=64, n_layer=1, n_head=4, n_kv_head=4,
+                         head_dim=16, intermediate_size=128, block_size=64, norm_eps=1e-6, tie_word_embeddings=True)
+    model = Transformer(config).bfloat16()
+    monkeypatch.setattr(resources, "available_memory_bytes", lambda: 1000)
+    assert not model.pack_products() and model.native is None and not model.products_packed
+    assert "not packing" in caplog.text
+    monkeypatch.undo()
+    assert model.pack_products() and model.native is not None

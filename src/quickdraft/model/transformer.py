@@ -7,6 +7,7 @@ the final norm and LM head (self-speculation).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 
@@ -19,12 +20,15 @@ from quickdraft.model.config import ModelConfig
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.native import NATIVE_MAX_ROWS, NativeForward
 
+log = logging.getLogger(__name__)
+
 
 # prepare_static keeps a transposed copy of an LM head up to this size (a small model's LM head is
 # most of its weights and streams faster that way); beyond it the copy would cost real memory.
 LM_HEAD_COPY_LIMIT_BYTES = 64 * 2**20
 # Products of up to this many rows run quickdraft's packed bf16 kernel (every decode, verify, tree
-# and batched step: 16 slots x 17 rows fit); longer prefills keep torch's GEMM, faster there.
+# and batched step: 16 slots x 17 rows fit; as fast as torch's GEMM up to 256 rows here); longer
+# prefills keep torch's GEMM.
 PACKED_MAX_ROWS = 288
 # Eager cached forwards of up to this many rows (exact mode's padded steps) attend with
 # kernels.attend_bf16 when it is on; longer ones (prefill) keep SDPA's flash kernel.
@@ -250,6 +254,21 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
 
+def _room_for_packed_copy(model: nn.Module) -> bool:
+    """The packed weights are a second copy (the originals still serve long prefills): pack only
+    when it takes at most half of the memory available now, so that a large checkpoint on a small
+    machine keeps torch's kernels instead of running out of memory."""
+    from quickdraft.resources import available_memory_bytes
+
+    copy = sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, nn.Linear))
+    available = available_memory_bytes()
+    if available is not None and copy > available // 2:
+        log.warning("not packing %.1f GB of weights for quickdraft's CPU kernels with %.1f GB available; "
+                    "running torch's kernels", copy / 2**30, available / 2**30)
+        return False
+    return True
+
+
 class Transformer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -398,6 +417,8 @@ class Transformer(nn.Module):
         little (embedded target, Zen 4, 1 thread: all products 0.74 ms for 1 row, 0.93 ms for 5;
         torch's 1.6 and 1.9 ms with oneDNN's packed weights, 3.5 and 4.0 ms unpacked)."""
         if self.dtype not in (torch.bfloat16, torch.float32) or self.device.type != "cpu" or not kernels.available():
+            return False
+        if self.native is None and not self.products_packed and not _room_for_packed_copy(self):
             return False
         if self.dtype == torch.float32:  # fp32: whole forwards only (their products packed for it)
             for module in self.modules():
