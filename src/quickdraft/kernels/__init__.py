@@ -4,8 +4,8 @@ Three kernels (``bf16_kernels.cpp``): ``linear_bf16`` (weight products), ``atten
 (attention over a cache window) and ``rms_norm_bf16``, for bf16 decode steps of a few rows - 1-row plain decoding, verify
 steps of 2-33 rows, token trees, batched steps - on CPUs with AVX512-BF16 dot products (Zen 4,
 Intel Cooper Lake and Sapphire Rapids on). A row's result is the same bits whatever the other rows,
-which exact mode's probes then find. The whole forward also exists for fp32 weights
-(``forward_f32``, fused multiply-adds; packed by ``pack_f32``).
+which exact mode's probes then find. The whole forward (``forward``) also takes fp32 weights
+(fused multiply-adds; packed by ``pack_f32``).
 
 The library is compiled once per source, torch version and compiler into
 ``$QUICKDRAFT_CACHE`` (default ``~/.cache/quickdraft``)/kernels, in ~20 s, with the C++ compiler that
@@ -160,12 +160,11 @@ def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
     return torch.ops.quickdraft.rms_norm_bf16(x, weight, eps)
 
 
-def forward_bf16(tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
-                 cos: torch.Tensor, signed_sin: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-                 weights: list[torch.Tensor], n_layers: int, n_head: int, n_kv: int, head_dim: int,
-                 intermediate: int, vocab: int, eps: float) -> torch.Tensor:
-    """A Llama-family forward over a step's rows in one call (see ``model/native.py``): bf16 or
-    fp32 (``forward_f32``, the same arguments), after the weights' dtype."""
-    op = torch.ops.quickdraft.forward_bf16 if weights[0].dtype == torch.bfloat16 else torch.ops.quickdraft.forward_f32
-    return op(tokens, positions, slots, mask, cos, signed_sin, keys, values, weights,
-                                             n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps)
+def forward(tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
+            cos: torch.Tensor, signed_sin: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+            weights: list[torch.Tensor], n_layers: int, n_head: int, n_kv: int, head_dim: int,
+            intermediate: int, vocab: int, eps: float) -> torch.Tensor:
+    """A Llama-family forward over a step's rows in one call, bf16 or fp32 after the weights' dtype
+    (see ``model/native.py``)."""
+    return torch.ops.quickdraft.forward(tokens, positions, slots, mask, cos, signed_sin, keys, values, weights,
+                                        n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps)

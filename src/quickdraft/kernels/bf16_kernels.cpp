@@ -254,20 +254,27 @@ void attend_group(const AttentionLayout& a, int64_t b, int64_t kv, const T* q, c
   const T* kh = keys + b * a.k0 + kv * a.k1;
   const T* vh = values + b * a.v0 + kv * a.v1;
   __m512 vec[kMaxHeadChunks];
-  for (int64_t s = 0; s < c; ++s) {  // scores, each row's in the order of its visible slots
-    bool loaded = false;
-    for (int64_t r = 0; r < rows; ++r) {
-      if (!masks[r][s]) continue;
-      if (!loaded) {
-        for (int64_t e = 0; e < chunks; ++e) vec[e] = Elem<T>::load(kh + s * d + 16 * e, lanes(d - 16 * e));
-        loaded = true;
+  // Slot after slot, for every row that sees the slot: load the head's vector there once (into
+  // vec), then visit(r). Each row meets its visible slots in slot order.
+  const auto scan = [&](const T* head, const auto& visit) {
+    for (int64_t s = 0; s < c; ++s) {
+      bool loaded = false;
+      for (int64_t r = 0; r < rows; ++r) {
+        if (!masks[r][s]) continue;
+        if (!loaded) {
+          for (int64_t e = 0; e < chunks; ++e) vec[e] = Elem<T>::load(head + s * d + 16 * e, lanes(d - 16 * e));
+          loaded = true;
+        }
+        visit(r);
       }
-      const float* qr = &queries[r * chunks * 16];
-      __m512 dot = _mm512_mul_ps(_mm512_loadu_ps(qr), vec[0]);
-      for (int64_t e = 1; e < chunks; ++e) dot = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16 * e), vec[e], dot);
-      scores[r * stride + count[r]++] = _mm512_reduce_add_ps(dot);
     }
-  }
+  };
+  scan(kh, [&](int64_t r) {  // scores
+    const float* qr = &queries[r * chunks * 16];
+    __m512 dot = _mm512_mul_ps(_mm512_loadu_ps(qr), vec[0]);
+    for (int64_t e = 1; e < chunks; ++e) dot = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16 * e), vec[e], dot);
+    scores[r * stride + count[r]++] = _mm512_reduce_add_ps(dot);
+  });
   std::vector<float> inverse(rows, 0.0f);
   for (int64_t r = 0; r < rows; ++r) {  // softmax weights in place; the denominator summed in slot order
     const int64_t n = count[r];
@@ -284,20 +291,11 @@ void attend_group(const AttentionLayout& a, int64_t b, int64_t kv, const T* q, c
     inverse[r] = n ? 1.0f / total : 0.0f;
     count[r] = 0;
   }
-  for (int64_t s = 0; s < c; ++s) {  // weighted values, slot after slot
-    bool loaded = false;
-    for (int64_t r = 0; r < rows; ++r) {
-      if (!masks[r][s]) continue;
-      if (!loaded) {
-        for (int64_t e = 0; e < chunks; ++e) vec[e] = Elem<T>::load(vh + s * d + 16 * e, lanes(d - 16 * e));
-        loaded = true;
-      }
-      const __m512 w = _mm512_set1_ps(scores[r * stride + count[r]++]);
-      float* ar = &acc[r * chunks * 16];
-      for (int64_t e = 0; e < chunks; ++e)
-        _mm512_storeu_ps(ar + 16 * e, _mm512_fmadd_ps(w, vec[e], _mm512_loadu_ps(ar + 16 * e)));
-    }
-  }
+  scan(vh, [&](int64_t r) {  // weighted values
+    const __m512 w = _mm512_set1_ps(scores[r * stride + count[r]++]);
+    float* ar = &acc[r * chunks * 16];
+    for (int64_t e = 0; e < chunks; ++e) _mm512_storeu_ps(ar + 16 * e, _mm512_fmadd_ps(w, vec[e], _mm512_loadu_ps(ar + 16 * e)));
+  });
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = r / group, h = kv * group + r % group;
     T* o = out + (b * a.t + i) * a.out_row + h * d;
@@ -375,7 +373,7 @@ at::Tensor rms_norm_bf16(const at::Tensor& x, const at::Tensor& weight, double e
 }
 
 // ---- a whole forward ------------------------------------------------------------------------
-// quickdraft::forward_bf16: a Llama-family decoder's forward over a step's rows in one call - no
+// quickdraft::forward: a Llama-family decoder's forward (bf16 or fp32 weights) over a step's rows in one call - no
 // Python, no dispatch between layers. tokens, positions (RoPE), slots (the cache slot each row's
 // key and value go to): [B, T]; mask [B or 1, T, W]: the cache slots [0, W) each row sees, its
 // own included. The residual stream stays bf16 between ops, as the eager model's does.
@@ -487,24 +485,18 @@ at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions,
   return logits;
 }
 
-at::Tensor forward_bf16(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,
-                        const at::Tensor& mask, const at::Tensor& cos, const at::Tensor& signed_sin,
-                        at::TensorList keys, at::TensorList values, at::TensorList weights, int64_t n_layers,
-                        int64_t n_head, int64_t n_kv, int64_t head_dim, int64_t intermediate, int64_t vocab,
-                        double eps) {
-  TORCH_CHECK(weights[0].scalar_type() == at::kBFloat16 && cos.scalar_type() == at::kBFloat16, "forward_bf16: bf16 weights");
-  return forward_native<at::BFloat16>(tokens, positions, slots, mask, cos, signed_sin, keys, values, weights, n_layers,
-                                      n_head, n_kv, head_dim, intermediate, vocab, eps);
-}
-
-at::Tensor forward_f32(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,
-                       const at::Tensor& mask, const at::Tensor& cos, const at::Tensor& signed_sin,
-                       at::TensorList keys, at::TensorList values, at::TensorList weights, int64_t n_layers,
-                       int64_t n_head, int64_t n_kv, int64_t head_dim, int64_t intermediate, int64_t vocab,
-                       double eps) {
-  TORCH_CHECK(weights[0].scalar_type() == at::kFloat && cos.scalar_type() == at::kFloat, "forward_f32: fp32 weights");
-  return forward_native<float>(tokens, positions, slots, mask, cos, signed_sin, keys, values, weights, n_layers,
-                               n_head, n_kv, head_dim, intermediate, vocab, eps);
+at::Tensor forward(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,
+                   const at::Tensor& mask, const at::Tensor& cos, const at::Tensor& signed_sin, at::TensorList keys,
+                   at::TensorList values, at::TensorList weights, int64_t n_layers, int64_t n_head, int64_t n_kv,
+                   int64_t head_dim, int64_t intermediate, int64_t vocab, double eps) {
+  const auto dtype = weights[0].scalar_type();
+  TORCH_CHECK((dtype == at::kBFloat16 || dtype == at::kFloat) && cos.scalar_type() == dtype,
+              "forward: bf16 or fp32 weights and RoPE tables of the same dtype");
+  return dtype == at::kBFloat16
+             ? forward_native<at::BFloat16>(tokens, positions, slots, mask, cos, signed_sin, keys, values, weights,
+                                            n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps)
+             : forward_native<float>(tokens, positions, slots, mask, cos, signed_sin, keys, values, weights, n_layers,
+                                     n_head, n_kv, head_dim, intermediate, vocab, eps);
 }
 
 }  // namespace
@@ -513,10 +505,7 @@ TORCH_LIBRARY(quickdraft, m) {
   m.def("linear_bf16(Tensor x, Tensor packed, Tensor? bias, int n_out) -> Tensor");
   m.def("attend_bf16(Tensor q, Tensor keys, Tensor values, Tensor mask) -> Tensor");
   m.def("rms_norm_bf16(Tensor x, Tensor weight, float eps) -> Tensor");
-  m.def("forward_bf16(Tensor tokens, Tensor positions, Tensor slots, Tensor mask, Tensor cos, Tensor signed_sin, "
-        "Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, int n_kv, int head_dim, "
-        "int intermediate, int vocab, float eps) -> Tensor");
-  m.def("forward_f32(Tensor tokens, Tensor positions, Tensor slots, Tensor mask, Tensor cos, Tensor signed_sin, "
+  m.def("forward(Tensor tokens, Tensor positions, Tensor slots, Tensor mask, Tensor cos, Tensor signed_sin, "
         "Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, int n_kv, int head_dim, "
         "int intermediate, int vocab, float eps) -> Tensor");
 }
@@ -525,6 +514,5 @@ TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
   m.impl("linear_bf16", &linear_bf16);
   m.impl("attend_bf16", &attend_bf16);
   m.impl("rms_norm_bf16", &rms_norm_bf16);
-  m.impl("forward_bf16", &forward_bf16);
-  m.impl("forward_f32", &forward_f32);
+  m.impl("forward", &forward);
 }

@@ -1,4 +1,4 @@
-"""A Llama-family model's whole forward over a step's rows as one C++ call (``kernels.forward_bf16``).
+"""A Llama-family model's whole forward over a step's rows as one C++ call (``kernels.forward``).
 
 A compiled graph still returns to Python between its kernels, and an eager forward dispatches ~100
 ops: on the embedded target that is ~0.3-0.5 ms of a ~1.3 ms step, and most of a draft model's step.
@@ -76,7 +76,7 @@ class NativeForward:
         keys = [k[:batch] for k in cache.keys]
         values = [v[:batch] for v in cache.values]
         n_head, n_kv, head_dim, intermediate, vocab = self.shape
-        return kernels.forward_bf16(
+        return kernels.forward(
             tokens.contiguous(), positions.contiguous(), slots.contiguous(), mask.contiguous(), cos, signed_sin,
             keys, values, self.weights, model.config.n_layer if n_layers is None else n_layers,
             n_head, n_kv, head_dim, intermediate, vocab, self.eps)
