@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 
 from quickdraft.model.loader import LoadedModel
+from quickdraft.user_cache import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +43,6 @@ class Calibration:
     layer: int
     tokens_per_s: dict[int, float]  # measured per candidate (empty when read from the cache)
     cached: bool
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("QUICKDRAFT_CACHE_DIR")
-    if root:
-        return Path(root)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "quickdraft"
 
 
 def model_fingerprint(target: LoadedModel) -> str:

@@ -7,8 +7,8 @@ Intel Cooper Lake and Sapphire Rapids on). A row's result is the same bits whate
 which exact mode's probes then find. The whole forward (``forward``) also takes fp32 weights
 (fused multiply-adds; packed by ``pack_f32``).
 
-The library is compiled once per source, torch version and compiler into
-``$QUICKDRAFT_CACHE`` (default ``~/.cache/quickdraft``)/kernels, in ~20 s, with the C++ compiler that
+The library is compiled once per source, torch version and compiler into ``kernels/`` of
+quickdraft's cache (``user_cache.cache_dir``, default ``~/.cache/quickdraft``), in ~10-20 s, with the C++ compiler that
 torch.compile needs anyway. Where it cannot be built or loaded (no compiler, no AVX512-BF16, not
 Linux), or with ``QUICKDRAFT_KERNELS=0``, ``available()`` is False and models keep torch's
 products: nothing but speed depends on these kernels.
@@ -28,16 +28,13 @@ from pathlib import Path
 
 import torch
 
+from quickdraft.user_cache import cache_dir
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("bf16_kernels.cpp")
 BLOCK_COLUMNS = 64  # the packed layout's column block (kBlockColumns in the C++ source)
 ISA_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma")
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("QUICKDRAFT_CACHE") or Path.home() / ".cache" / "quickdraft"
-    return Path(root) / "kernels"
 
 
 def cpu_has_avx512_bf16() -> bool:
@@ -67,7 +64,7 @@ def _library_path(compiler: str) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + " ".join(ISA_FLAGS).encode()
                          + "".join(version).encode()).hexdigest()[:16]
-    return cache_dir() / f"quickdraft_kernels_{key}.so"
+    return cache_dir() / "kernels" / f"quickdraft_kernels_{key}.so"
 
 
 def _build(compiler: str, library: Path) -> None:
