@@ -119,26 +119,28 @@ def _register_fake() -> None:
         return x.new_empty(x.shape)
 
 
+def _column_blocks(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> [ceil(N/64), 64, K]: the output columns in blocks of 64, the last padded with zeros."""
+    n, k = weight.shape
+    blocks = -(-n // BLOCK_COLUMNS)
+    padded = torch.zeros(blocks * BLOCK_COLUMNS, k, dtype=weight.dtype)
+    padded[:n] = weight.detach().cpu()
+    return padded.view(blocks, BLOCK_COLUMNS, k)
+
+
 def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
     """A [N, K] bf16 weight (K even) in ``linear_bf16``'s layout [ceil(N/64), K/2, 64, 2]."""
     n, k = weight.shape
     if weight.dtype != torch.bfloat16 or k % 2:
         raise ValueError(f"pack_bf16 needs a bf16 weight with an even input size, got {weight.dtype} [{n}, {k}]")
-    blocks = -(-n // BLOCK_COLUMNS)
-    padded = torch.zeros(blocks * BLOCK_COLUMNS, k, dtype=torch.bfloat16)
-    padded[:n] = weight.detach().cpu()
-    return padded.view(blocks, BLOCK_COLUMNS, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+    return _column_blocks(weight).view(-1, BLOCK_COLUMNS, k // 2, 2).permute(0, 2, 1, 3).contiguous()
 
 
 def pack_f32(weight: torch.Tensor) -> torch.Tensor:
     """A [N, K] fp32 weight in the fp32 whole-forward layout [ceil(N/64), K, 64]."""
-    n, k = weight.shape
     if weight.dtype != torch.float32:
         raise ValueError(f"pack_f32 needs an fp32 weight, got {weight.dtype}")
-    blocks = -(-n // BLOCK_COLUMNS)
-    padded = torch.zeros(blocks * BLOCK_COLUMNS, k)
-    padded[:n] = weight.detach().cpu()
-    return padded.view(blocks, BLOCK_COLUMNS, k).permute(0, 2, 1).contiguous()
+    return _column_blocks(weight).permute(0, 2, 1).contiguous()
 
 
 def linear_bf16(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n_out: int) -> torch.Tensor:

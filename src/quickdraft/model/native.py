@@ -51,7 +51,8 @@ class NativeForward:
         self.eps = c.norm_eps
 
     @staticmethod
-    def supports(model: Transformer) -> bool:
+    def covers(model: Transformer) -> bool:
+        """The architecture is one the whole forward computes."""
         from quickdraft.model.transformer import RMSNorm
 
         c = model.config
@@ -59,10 +60,16 @@ class NativeForward:
             return False
         block = model.layers[0]
         return (not c.is_gpt2 and c.activation == "silu" and c.sliding_window is None and c.head_dim % 2 == 0
-                and c.head_dim <= 256 and isinstance(model.norm, RMSNorm) and packed(model.lm_head) is not None
-                and all(packed(layer) is not None for layer in (block.attn.qkv, block.attn.out, block.mlp.up,
-                                                                block.mlp.down))
+                and c.head_dim <= 256 and isinstance(model.norm, RMSNorm)
                 and block.attn.out.bias is None and block.mlp.up.bias is None and block.mlp.down.bias is None)
+
+    @staticmethod
+    def supports(model: Transformer) -> bool:
+        """``covers`` the model, and ``pack_products`` packed every weight it reads."""
+        block = model.layers[0] if len(model.layers) else None
+        return (NativeForward.covers(model) and block is not None and packed(model.lm_head) is not None
+                and all(packed(layer) is not None for layer in (block.attn.qkv, block.attn.out, block.mlp.up,
+                                                                block.mlp.down)))
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
                  cache: KVCache, n_layers: int | None = None) -> torch.Tensor:

@@ -18,7 +18,7 @@ from torch import nn
 from quickdraft import kernels
 from quickdraft.model.config import ModelConfig
 from quickdraft.model.kv_cache import KVCache
-from quickdraft.model.native import NATIVE_MAX_ROWS, NativeForward
+from quickdraft.model.native import NATIVE_MAX_ROWS, NativeForward, packed as packed_weight
 
 log = logging.getLogger(__name__)
 
@@ -411,27 +411,28 @@ class Transformer(nn.Module):
         return x
 
     def pack_products(self) -> bool:
-        """Give every weight product a copy of its weight packed for ``kernels.linear_bf16`` (bf16 on a
-        CPU with AVX512-BF16; True when done). Inference only: later weight updates are not seen.
+        """Give every weight product a copy of its weight packed for quickdraft's CPU kernels (True when
+        done): bf16 weights for the per-op kernels and the whole forward (``self.native``), fp32
+        weights for the whole forward only, of the models it covers. Inference only: later weight
+        updates are not seen.
         Each row's result then has the same bits whatever the other rows, and extra rows cost
         little (embedded target, Zen 4, 1 thread: all products 0.74 ms for 1 row, 0.93 ms for 5;
         torch's 1.6 and 1.9 ms with oneDNN's packed weights, 3.5 and 4.0 ms unpacked)."""
         if self.dtype not in (torch.bfloat16, torch.float32) or self.device.type != "cpu" or not kernels.available():
             return False
-        if self.native is None and not self.products_packed and not _room_for_packed_copy(self):
+        bf16 = self.dtype == torch.bfloat16
+        # fp32 weights serve whole forwards only: no copy for a model they do not cover
+        if not bf16 and not NativeForward.covers(self):
             return False
-        if self.dtype == torch.float32:  # fp32: whole forwards only (their products packed for it)
-            for module in self.modules():
-                if isinstance(module, nn.Linear) and "packed_f32" not in module._buffers:
-                    module.register_buffer("packed_f32", kernels.pack_f32(module.weight), persistent=False)
-            if self.native is None and NativeForward.supports(self):
-                self.native = NativeForward(self)
-            return True
+        if packed_weight(self.lm_head) is None and not _room_for_packed_copy(self):
+            return False
+        name, pack = ("packed_bf16", kernels.pack_bf16) if bf16 else ("packed_f32", kernels.pack_f32)
         for module in self.modules():
-            if isinstance(module, nn.Linear) and module.in_features % 2 == 0 and "packed_bf16" not in module._buffers:
-                module.register_buffer("packed_bf16", kernels.pack_bf16(module.weight), persistent=False)
-            if isinstance(module, (Attention, RMSNorm)):
-                module.kernel = True
+            if (isinstance(module, nn.Linear) and name not in module._buffers
+                    and (not bf16 or module.in_features % 2 == 0)):
+                module.register_buffer(name, pack(module.weight), persistent=False)
+            if bf16 and isinstance(module, (Attention, RMSNorm)):
+                module.kernel = True  # the per-op kernels, for forwards the whole forward does not take
         if self.native is None and NativeForward.supports(self):
             self.native = NativeForward(self)
         return True
