@@ -123,9 +123,9 @@ class Engine:
         ``tree_nodes``: speculate with token trees of this many nodes per step (``TreeShape.for_budget``;
         None: chains of γ tokens; "auto": the engine measures chains and trees of AUTO_TREE_BUDGETS
         nodes as it decodes and runs whichever gives the most tokens per second, ``tree_budget``).
-        Exact mode then pads every target forward to hold a whole tree and runs them eagerly (a
-        probe checks that tree rows get the bits of the same tokens fed as a chain; where they do
-        not, exact mode speculates with chains)."""
+        Exact mode then pads every target forward to hold a whole tree and runs them eagerly, except
+        on native forwards, which need no padding. Either way a probe checks that tree rows get the
+        bits of the same tokens fed as a chain; where they do not, exact mode speculates with chains."""
         if not isinstance(max_gamma, int) or max_gamma < 1:
             raise QuickdraftError(f"max_gamma must be an integer >= 1, got {max_gamma!r}")
         self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype=dtype, device=device)
@@ -182,6 +182,12 @@ class Engine:
     @property
     def exact(self) -> bool:
         return self.exact_rows is not None
+
+    @property
+    def _pad_rows(self) -> int:
+        """The rows every target forward after prefill is padded to: exact mode's row bucket, or 0 (no
+        padding) outside exact mode and with native forwards, whose rows need none."""
+        return 0 if self.model.native is not None else (self.exact_rows or 0)
 
     @property
     def tree_shape(self) -> TreeShape | None:
@@ -332,7 +338,7 @@ class Engine:
     ) -> Iterator[list[int]]:
         """Yields the tokens committed at each step. Invariant: after each step the target cache
         holds every committed token but the last (which the next forward feeds)."""
-        rows = self.exact_rows or 0
+        rows = self._pad_rows
         scratch = max(rows, self.max_gamma + 1, plan.largest.grown_nodes + 1 if plan else 0)
         capacity = _round_up(len(prompt_ids) + max_new_tokens + scratch, CACHE_ROUNDING)
         if self.target_steps is not None:
@@ -414,7 +420,7 @@ class Engine:
         stats.drafter_seconds += time.perf_counter() - t0
         stats.drafter_calls += tree.forward_calls
         t0 = time.perf_counter()
-        logits = self._tree_forward(tokens[-1], len(tokens) - 1, tree, cache, pad_to=self.exact_rows or 0)
+        logits = self._tree_forward(tokens[-1], len(tokens) - 1, tree, cache, pad_to=self._pad_rows)
         p = None if sampling.greedy else probabilities(logits, sampling)
         path, nxt = verify_tree(tree, logits, p, sampling, sampler, len(tokens))
         prefix = len(tokens)  # slots [0, prefix) hold the committed tokens, the root last; node i is at prefix + i
@@ -432,9 +438,7 @@ class Engine:
         """``root_token`` at slot ``root`` and every node of ``tree`` after it in one target forward
         -> logits [len(tree) + 1, vocab_limit]: compiled where a tree step of enough rows is built,
         else eager. ``pad_to`` > 0 (exact mode): that many rows over the whole cache, with exact
-        mode's attention; not with native forwards, whose rows need no padding)."""
-        if self.model.native is not None:
-            pad_to = 0
+        mode's attention)."""
         rows = min((r for r in self.tree_steps if r > len(tree)), default=None)
         if rows is not None and not pad_to:
             tokens, positions, slots = tree_rows(root_token, root, tree, len(tree) + 1)

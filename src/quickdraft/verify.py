@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from quickdraft.randomness import MultinomialSampler, TokenSampler
-from quickdraft.sampling import SamplingParams, sample
+from quickdraft.sampling import SamplingParams, greedy_tokens, sample
 from quickdraft.tree import ROOT, TokenTree
 
 
@@ -74,8 +74,7 @@ def verify_step(
     position ``first_position + r``. Greedy: argmax; coupled: the target's own sampled tokens;
     otherwise rejection sampling. Returns (accepted count, next token)."""
     if sampling.greedy:
-        # torch.max's indices: argmax's first maximum, ~3x faster than argmax on bf16 rows here
-        return verify_greedy(draft, torch.max(logits, -1)[1].tolist())
+        return verify_greedy(draft, greedy_tokens(logits).tolist())
     assert p is not None
     if sampler.coupled:
         return verify_greedy(draft, sampler.draw_rows(p, first_position))
@@ -120,7 +119,7 @@ def verify_tree(
         kids = children.get(node, [])
         if sampling.greedy or sampler.coupled:
             if sampling.greedy:
-                token = int(logits[row].argmax())
+                token = int(greedy_tokens(logits[row]))
             else:
                 assert p is not None
                 token = sampler.draw(p[row], position)

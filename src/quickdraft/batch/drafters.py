@@ -23,7 +23,7 @@ from quickdraft.model.compiled import CompiledSteps
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.transformer import Transformer
 from quickdraft.randomness import TokenSampler
-from quickdraft.sampling import SamplingParams, grouped_probabilities
+from quickdraft.sampling import SamplingParams, greedy_tokens, grouped_probabilities
 
 
 @dataclass
@@ -100,7 +100,7 @@ class _ModelDrafter(BatchDrafter):
                             grouped_probabilities([current[r.slot] for r in sampled], [r.sampling for r in sampled])))
             greedy = [r for r in drawing if r.sampling.greedy]
             argmax = dict(zip((r.slot for r in greedy),
-                              torch.stack([current[r.slot] for r in greedy]).argmax(-1).tolist() if greedy else []))
+                              greedy_tokens(torch.stack([current[r.slot] for r in greedy])).tolist() if greedy else []))
             for r in drawing:
                 if r.sampling.greedy:
                     token = argmax[r.slot]

@@ -18,7 +18,7 @@ import torch
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.transformer import Transformer
 from quickdraft.randomness import TokenSampler
-from quickdraft.sampling import SamplingParams, probabilities, top_probability
+from quickdraft.sampling import SamplingParams, greedy_tokens, probabilities, top_probability
 from quickdraft.tree import TokenTree
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ def draft_autoregressively(
         if i > 0 and confidence_stop is not None and top_probability(logits) < confidence_stop:
             break
         if sampling.greedy:
-            token = int(torch.max(logits, -1)[1])  # argmax (its first maximum too); 3x faster on bf16 here
+            token = int(greedy_tokens(logits))
         else:
             q = probabilities(logits, sampling)
             token = sampler.draw(q, first_position + i)

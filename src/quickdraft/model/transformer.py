@@ -30,8 +30,9 @@ LM_HEAD_COPY_LIMIT_BYTES = 64 * 2**20
 # and batched step: 16 slots x 17 rows fit; as fast as torch's GEMM up to 256 rows here); longer
 # prefills keep torch's GEMM.
 PACKED_MAX_ROWS = 288
-# Eager cached forwards of up to this many rows (exact mode's padded steps) attend with
-# kernels.attend_bf16 when it is on; longer ones (prefill) keep SDPA's flash kernel.
+# Eager cached forwards of up to this many rows (decode steps, exact mode's padded steps) run the
+# whole forward in C++ (native) or attend with kernels.attend_bf16 when those are on; longer ones
+# (prefill) keep SDPA's flash kernel.
 KERNEL_ATTENTION_ROWS = 64
 
 
@@ -151,11 +152,11 @@ class Attention(nn.Module):
                 if mask is None:  # causal: row i sees the slots up to its own
                     mask = torch.ones(t, kv_len, dtype=torch.bool, device=x.device).tril(kv_len - t)
                 y = kernels.attend_bf16(q, keys[:, :, :kv_len], values[:, :, :kv_len], mask[None])
-                return linear(self.out, y.transpose(1, 2).reshape(batch, t, -1))
-            y = F.scaled_dot_product_attention(
-                q, keys[:, :, :kv_len], values[:, :, :kv_len], attn_mask=mask, is_causal=mask is None and t > 1,
-                enable_gqa=gqa,
-            )
+            else:
+                y = F.scaled_dot_product_attention(
+                    q, keys[:, :, :kv_len], values[:, :, :kv_len], attn_mask=mask, is_causal=mask is None and t > 1,
+                    enable_gqa=gqa,
+                )
         return linear(self.out, y.transpose(1, 2).reshape(batch, t, -1))
 
 
