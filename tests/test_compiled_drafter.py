@@ -95,11 +95,14 @@ def test_compiled_steps_disabled_run_the_ordinary_forward(models):
     assert logits.shape == (2, models["target"].config.vocab_size)
 
 
-def test_auto_dtype_is_bf16_only_where_the_cpu_has_bf16_dot_products(monkeypatch):
+def test_auto_dtype_is_bf16_only_where_the_cpu_has_bf16_dot_products_or_our_kernels(monkeypatch):
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
     assert auto_dtype("cpu") == torch.bfloat16
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(kernels, "available", lambda: True)
+    assert auto_dtype("cpu") == torch.bfloat16
+    monkeypatch.setattr(kernels, "available", lambda: False)
     assert auto_dtype("cpu") == torch.float32
 
 

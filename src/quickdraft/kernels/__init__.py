@@ -34,47 +34,68 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("bf16_kernels.cpp")
 BLOCK_COLUMNS = 64  # the packed layout's column block (kBlockColumns in the C++ source)
-ISA_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma")
+# The instruction sets the source is built for, best first: the CPU flags each needs, the compiler's.
+ISAS = {
+    "avx512_bf16": ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma"},
+                    ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma")),
+    "avx2": ({"avx2", "fma"}, ("-mavx2", "-mfma")),
+}
 
 
-def cpu_has_avx512_bf16() -> bool:
+def _cpu_flags() -> set[str]:
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    return " avx512_bf16" in flags and " avx512bw" in flags and " avx512vl" in flags
+        return set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+def isa() -> str | None:
+    """The instruction set the kernels are built for on this CPU (``QUICKDRAFT_KERNELS_ISA`` may
+    pick a lesser one, e.g. ``avx2`` on an AVX-512 CPU), or None when it has neither."""
+    flags = _cpu_flags()
+    usable = [name for name, (needs, _) in ISAS.items() if needs <= flags]
+    wanted = os.environ.get("QUICKDRAFT_KERNELS_ISA")
+    if wanted:
+        if wanted not in ISAS:
+            raise ValueError(f"QUICKDRAFT_KERNELS_ISA={wanted!r}: choose one of {', '.join(ISAS)}")
+        return wanted if wanted in usable else None
+    return usable[0] if usable else None
 
 
 def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
 
 
-def _command(compiler: str, output: Path) -> list[str]:
+def _command(compiler: str, output: Path, isa_flags: tuple[str, ...]) -> list[str]:
     from torch.utils import cpp_extension
 
     torch_lib = Path(torch.__file__).parent / "lib"
     bundled_omp = sorted(torch_lib.glob("libgomp*.so*"))
     return [compiler, str(SOURCE), "-o", str(output), "-shared", "-fPIC", "-O3", "-std=c++17", "-fopenmp",
-            *ISA_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            *isa_flags, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
             *(f"-I{p}" for p in cpp_extension.include_paths()), f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}",
             "-lc10", "-ltorch_cpu", *(str(p) for p in bundled_omp[:1])]
 
 
-def _library_path(compiler: str) -> Path:
+def _library_path(compiler: str, isa_flags: tuple[str, ...]) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + " ".join(ISA_FLAGS).encode()
+    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + " ".join(isa_flags).encode()
                          + "".join(version).encode()).hexdigest()[:16]
     return cache_dir() / "kernels" / f"quickdraft_kernels_{key}.so"
 
 
-def _build(compiler: str, library: Path) -> None:
+def _build(compiler: str, library: Path, isa_flags: tuple[str, ...]) -> None:
     library.parent.mkdir(parents=True, exist_ok=True)
-    print("quickdraft: building its bf16 CPU kernels (once, ~20 s)...", file=sys.stderr)
+    print("quickdraft: building its CPU kernels (once, ~20 s)...", file=sys.stderr)
     # Build beside the target and rename: concurrent processes (test workers, replicas) never load
     # a half-written library.
     with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
         partial = Path(scratch) / library.name
-        done = subprocess.run(_command(compiler, partial), capture_output=True, text=True)
+        done = subprocess.run(_command(compiler, partial, isa_flags), capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "compiler failed")
         os.replace(partial, library)
@@ -82,22 +103,24 @@ def _build(compiler: str, library: Path) -> None:
 
 @functools.cache
 def available() -> bool:
-    """True when ``linear_bf16`` is loaded (built now if needed) and this CPU can run it."""
+    """True when the kernels are loaded (built now if needed) for this CPU's instruction set."""
     if os.environ.get("QUICKDRAFT_KERNELS", "1") == "0" or not sys.platform.startswith("linux"):
         return False
-    if not cpu_has_avx512_bf16():
+    chosen = isa()
+    if chosen is None:
         return False
     compiler = _compiler()
     if compiler is None:
-        log.warning("no C++ compiler: bf16 products stay torch's")
+        log.warning("no C++ compiler: products stay torch's")
         return False
+    isa_flags = ISAS[chosen][1]
     try:
-        library = _library_path(compiler)
+        library = _library_path(compiler, isa_flags)
         if not library.exists():
-            _build(compiler, library)
+            _build(compiler, library, isa_flags)
         torch.ops.load_library(str(library))
     except Exception as exc:  # noqa: BLE001 - any failure: torch's products are always correct
-        log.warning("quickdraft's bf16 kernels are unavailable (%s: %s); bf16 products stay torch's",
+        log.warning("quickdraft's CPU kernels are unavailable (%s: %s); products stay torch's",
                     type(exc).__name__, exc)
         return False
     _register_fake()

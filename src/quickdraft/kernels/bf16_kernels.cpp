@@ -1,20 +1,24 @@
-// quickdraft's bf16 decode kernels (AVX512-BF16): the weight products and the attention of steps
-// of a few rows. Each computes a row the same way whatever the other rows, the batch or the cache
-// window: exact mode's row and batch invariance hold by construction.
+// quickdraft's CPU decode kernels: the weight products and the attention of steps of a few rows,
+// and a whole Llama-family forward over them. Each computes a row the same way whatever the other
+// rows, the batch or the cache window: exact mode's row and batch invariance hold by construction.
+//
+// Built for one of two instruction sets, chosen by the build (kernels/__init__.py):
+// - AVX512-BF16 (Zen 4, Intel Cooper Lake and Sapphire Rapids on): 16 fp32 lanes, bf16 dot
+//   products (vdpbf16ps);
+// - AVX2 + FMA (every x86-64 CPU since ~2013): 8 lanes, bf16 weights widened to fp32 by a shift.
+// The bits differ between the two (another summation order), never between rows or calls on one.
 //
 // quickdraft::linear_bf16: y = x @ W^T (+ bias) for a few rows of bf16 activations against a
-// bf16 weight packed once for AVX512-BF16 dot products.
-//
-// Why our own product: for 1-33 rows the library kernels cost 2-3x more at 5 rows than at 1
-// (embedded target, Zen 4, 1 thread), while the weights - the step's real cost - are read once
-// either way. Here each 64-column block of the weight is streamed once per 6-row tile, so extra
-// rows cost compute only, and every output element is the same sequence of instructions whatever
-// the number of rows, its place among them or the thread count: a row's bits do not depend on its
-// neighbours (exact mode's row invariance by construction).
+// bf16 weight packed once. Why our own product: for 1-33 rows the library kernels cost 2-3x more
+// at 5 rows than at 1 (embedded target, Zen 4, 1 thread), while the weights - the step's real
+// cost - are read once either way. Here each column block of the weight is streamed once per tile
+// of rows, so extra rows cost compute only, and every output element is the same sequence of
+// instructions whatever the number of rows, its place among them or the thread count: a row's
+// bits do not depend on its neighbours.
 //
 // Packed layout [ceil(N/64), K/2, 64, 2]: for each block of 64 output columns and each pair of
 // inputs (2p, 2p+1), the 64 columns' two weights side by side - one 256-byte line per pair, as
-// _mm512_dpbf16_ps consumes them (K even; N padded with zero columns).
+// _mm512_dpbf16_ps consumes them (K even; N padded with zero columns). fp32 weights: [ceil(N/64), K, 64].
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -23,12 +27,122 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
-constexpr int64_t kBlockColumns = 64;  // 4 zmm of 16 fp32 accumulators per row
-constexpr int64_t kTileRows = 6;       // 6 rows x 4 accumulators + 4 weight registers + 1 broadcast <= 32 zmm
+constexpr int64_t kBlockColumns = 64;
+
+// ---- the vector unit ------------------------------------------------------------------------
+// What the attention, the norms and the forward need of a SIMD register of fp32 lanes. load/store
+// with a count n read or write min(n, kLanes) lanes (the tail of a row); bf16 is widened on load
+// and rounded to nearest even on store, as torch rounds.
+#if defined(__AVX512BF16__)
+struct Simd {
+  using V = __m512;
+  static constexpr int64_t kLanes = 16;
+  static __mmask16 keep(int64_t n) { return n >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1); }
+  static V zero() { return _mm512_setzero_ps(); }
+  static V set1(float v) { return _mm512_set1_ps(v); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V div(V a, V b) { return _mm512_div_ps(a, b); }
+  static V min(V a, V b) { return _mm512_min_ps(a, b); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }    // a * b + c
+  static V fnmadd(V a, V b, V c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a * b
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V load(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(keep(n), p); }
+  static void store(float* p, int64_t n, V v) { _mm512_mask_storeu_ps(p, keep(n), v); }
+  static V load(const at::BFloat16* p, int64_t n) {
+    return _mm512_cvtpbh_ps((__m256bh)_mm256_maskz_loadu_epi16(keep(n), p));
+  }
+  static void store(at::BFloat16* p, int64_t n, V v) {
+    _mm256_mask_storeu_epi16(p, keep(n), (__m256i)_mm512_cvtneps_pbh(v));
+  }
+  static V round_bf16(V v) { return _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(v)); }
+  static float sum(V v) { return _mm512_reduce_add_ps(v); }
+  static V round_nearest(V v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static V scale2(V p, V n) { return _mm512_scalef_ps(p, n); }  // p * 2^n
+};
+#else
+struct Simd {
+  using V = __m256;
+  static constexpr int64_t kLanes = 8;
+  static __m256i keep(int64_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(n, 8))),
+                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  static V zero() { return _mm256_setzero_ps(); }
+  static V set1(float v) { return _mm256_set1_ps(v); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V div(V a, V b) { return _mm256_div_ps(a, b); }
+  static V min(V a, V b) { return _mm256_min_ps(a, b); }
+  static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V fnmadd(V a, V b, V c) { return _mm256_fnmadd_ps(a, b, c); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V load(const float* p, int64_t n) { return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, keep(n)); }
+  static void store(float* p, int64_t n, V v) {
+    if (n >= 8) _mm256_storeu_ps(p, v);
+    else _mm256_maskstore_ps(p, keep(n), v);
+  }
+  static V widen(__m128i bf16) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bf16), 16)); }
+  static V load(const at::BFloat16* p, int64_t n) {
+    if (n >= 8) return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    uint16_t part[8] = {};
+    std::memcpy(part, p, 2 * n);
+    return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(part)));
+  }
+  // The bf16 nearest v (ties to even; a NaN stays a quiet NaN) in the high half of each lane.
+  static __m256i rounded_bits(V v) {
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd));
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    return _mm256_blendv_epi8(rounded, _mm256_or_si256(bits, _mm256_set1_epi32(0x00400000)), nan);
+  }
+  static void store(at::BFloat16* p, int64_t n, V v) {
+    const __m256i high = _mm256_srli_epi32(rounded_bits(v), 16);
+    const __m128i halves = _mm_packus_epi32(_mm256_castsi256_si128(high), _mm256_extracti128_si256(high, 1));
+    if (n >= 8) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p), halves);
+      return;
+    }
+    uint16_t part[8];
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(part), halves);
+    std::memcpy(p, part, 2 * n);
+  }
+  static V round_bf16(V v) {
+    return _mm256_castsi256_ps(_mm256_and_si256(rounded_bits(v), _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
+  static float sum(V v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static V round_nearest(V v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static V scale2(V p, V n) {  // p * 2^n for integral n in [-126, 127]: the exponent built directly
+    const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
+  }
+};
+#endif
+
+using V = Simd::V;
+constexpr int64_t kLanes = Simd::kLanes;
+
+// ---- weight products ------------------------------------------------------------------------
+#if defined(__AVX512BF16__)
+constexpr int64_t kTileRows = 6;  // 6 rows x 4 accumulators + 4 weight registers + 1 broadcast <= 32 zmm
 
 template <int Rows>
 void tile(const uint32_t* x, int64_t x_stride, const __m512i* weights, int64_t pairs, const float* bias,
@@ -53,12 +167,8 @@ void tile(const uint32_t* x, int64_t x_stride, const __m512i* weights, int64_t p
   for (int c = 0; c < 4; ++c) {
     const int64_t first = c * 16;
     if (first >= columns) break;
-    const __mmask16 keep = columns - first >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (columns - first)) - 1);
-    const __m512 b = bias ? _mm512_maskz_loadu_ps(keep, bias + first) : _mm512_setzero_ps();
-    for (int r = 0; r < Rows; ++r) {
-      const __m256bh out = _mm512_cvtneps_pbh(_mm512_add_ps(acc[r][c], b));
-      _mm256_mask_storeu_epi16(y + r * y_stride + first, keep, (__m256i)out);
-    }
+    const __m512 b = bias ? Simd::load(bias + first, columns - first) : _mm512_setzero_ps();
+    for (int r = 0; r < Rows; ++r) Simd::store(y + r * y_stride + first, columns - first, _mm512_add_ps(acc[r][c], b));
   }
 }
 
@@ -84,6 +194,177 @@ void linear_rows(const at::BFloat16* x, int64_t m, const at::Tensor& packed, con
   });
 }
 
+// fp32 weights (no bf16 unit needed): each input k's 64 column weights in one 256-byte line,
+// fused multiply-adds in input order.
+template <int Rows>
+void tile_f32(const float* x, int64_t x_stride, const float* weights, int64_t k, const float* bias, float* y,
+              int64_t y_stride, int64_t columns) {
+  __m512 acc[Rows][4];
+  for (int r = 0; r < Rows; ++r)
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < k; ++p) {
+    const float* line = weights + kBlockColumns * p;
+    const __m512 w0 = _mm512_loadu_ps(line), w1 = _mm512_loadu_ps(line + 16);
+    const __m512 w2 = _mm512_loadu_ps(line + 32), w3 = _mm512_loadu_ps(line + 48);
+    for (int r = 0; r < Rows; ++r) {
+      const __m512 xp = _mm512_set1_ps(x[r * x_stride + p]);
+      acc[r][0] = _mm512_fmadd_ps(xp, w0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(xp, w1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(xp, w2, acc[r][2]);
+      acc[r][3] = _mm512_fmadd_ps(xp, w3, acc[r][3]);
+    }
+  }
+  for (int c = 0; c < 4; ++c) {
+    const int64_t first = c * 16;
+    if (first >= columns) break;
+    const __m512 b = bias ? Simd::load(bias + first, columns - first) : _mm512_setzero_ps();
+    for (int r = 0; r < Rows; ++r) Simd::store(y + r * y_stride + first, columns - first, _mm512_add_ps(acc[r][c], b));
+  }
+}
+
+using TileF32 = void (*)(const float*, int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t);
+constexpr TileF32 kTilesF32[kTileRows + 1] = {nullptr, tile_f32<1>, tile_f32<2>, tile_f32<3>, tile_f32<4>,
+                                               tile_f32<5>, tile_f32<6>};
+
+void linear_rows(const float* x, int64_t m, const at::Tensor& packed, const float* bias, int64_t n_out, float* y) {
+  const int64_t k = packed.size(1), blocks = packed.size(0);
+  const float* ws = packed.data_ptr<float>();
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t first = block * kBlockColumns;
+      const int64_t columns = std::min(kBlockColumns, n_out - first);
+      for (int64_t r = 0; r < m; r += kTileRows) {
+        const int64_t n = std::min(kTileRows, m - r);
+        kTilesF32[n](x + r * k, k, ws + block * k * kBlockColumns, k, bias ? bias + first : nullptr,
+                     y + r * n_out + first, n_out, columns);
+      }
+    }
+  });
+}
+#else
+// AVX2 has 16 ymm registers. A lone row takes a whole 64-column block per tile (8 independent
+// accumulators keep the loads streaming); more rows go two at a time over each half of the block
+// (2 x 4 accumulators + their 4 broadcast inputs + the weights). A 256-bit load of bf16 pairs
+// holds 8 columns' weights for inputs 2p (the low halves: shifted up, their fp32 value) and
+// 2p + 1 (the high halves: masked). Every output element is the fused multiply-adds of its inputs
+// in input order, then the bias, whatever the tile: a row's bits do not depend on the others.
+// Tiles after a block's first find its weights in cache, so the first tile of each block fetches
+// the next block's (ahead): the memory streams while the later tiles compute.
+constexpr int64_t kTileRows = 2;
+constexpr int64_t kTileRowsF32 = 3;  // fp32 weights are read from memory by the multiply-adds: 3 x 4 + 3
+constexpr int64_t kHalfColumns = 32;
+constexpr int64_t kLineBytes = 4 * kBlockColumns;  // one input line of a block, either layout
+
+inline void fetch_line(const char* ahead, int64_t line) {
+  if (!ahead) return;
+  const char* at = ahead + line * kLineBytes;
+  for (int64_t i = 0; i < kLineBytes; i += 64) _mm_prefetch(at + i, _MM_HINT_T1);
+}
+
+template <int Rows, int Vecs>
+void tile(const float* x, int64_t x_stride, const uint32_t* words, int64_t pairs, const float* bias,
+          at::BFloat16* y, int64_t y_stride, int64_t columns, const char* ahead) {
+  __m256 acc[Rows][Vecs];
+  for (int r = 0; r < Rows; ++r)
+    for (int c = 0; c < Vecs; ++c) acc[r][c] = _mm256_setzero_ps();
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t p = 0; p < pairs; ++p) {
+    fetch_line(ahead, p);
+    const auto* line = reinterpret_cast<const __m256i*>(words + kBlockColumns * p);
+    __m256 even_x[Rows], odd_x[Rows];
+    for (int r = 0; r < Rows; ++r) {
+      even_x[r] = _mm256_broadcast_ss(x + r * x_stride + 2 * p);
+      odd_x[r] = _mm256_broadcast_ss(x + r * x_stride + 2 * p + 1);
+    }
+    for (int c = 0; c < Vecs; ++c) {
+      const __m256i w = _mm256_loadu_si256(line + c);
+      const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+      const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(w, high));
+      for (int r = 0; r < Rows; ++r) acc[r][c] = _mm256_fmadd_ps(odd_x[r], odd, _mm256_fmadd_ps(even_x[r], even, acc[r][c]));
+    }
+  }
+  for (int c = 0; c < Vecs; ++c) {
+    const int64_t first = c * 8;
+    if (first < columns) {
+      const __m256 b = bias ? Simd::load(bias + first, columns - first) : _mm256_setzero_ps();
+      for (int r = 0; r < Rows; ++r) Simd::store(y + r * y_stride + first, columns - first, _mm256_add_ps(acc[r][c], b));
+    }
+  }
+}
+
+template <int Rows, int Vecs>
+void tile_f32(const float* x, int64_t x_stride, const float* weights, int64_t k, const float* bias, float* y,
+              int64_t y_stride, int64_t columns, const char* ahead) {
+  __m256 acc[Rows][Vecs];
+  for (int r = 0; r < Rows; ++r)
+    for (int c = 0; c < Vecs; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int64_t p = 0; p < k; ++p) {
+    fetch_line(ahead, p);
+    const float* line = weights + kBlockColumns * p;
+    for (int r = 0; r < Rows; ++r) {
+      const __m256 xp = _mm256_broadcast_ss(x + r * x_stride + p);
+      for (int c = 0; c < Vecs; ++c) acc[r][c] = _mm256_fmadd_ps(xp, _mm256_loadu_ps(line + 8 * c), acc[r][c]);
+    }
+  }
+  for (int c = 0; c < Vecs; ++c) {
+    const int64_t first = c * 8;
+    if (first < columns) {
+      const __m256 b = bias ? Simd::load(bias + first, columns - first) : _mm256_setzero_ps();
+      for (int r = 0; r < Rows; ++r) Simd::store(y + r * y_stride + first, columns - first, _mm256_add_ps(acc[r][c], b));
+    }
+  }
+}
+
+using Tile = void (*)(const float*, int64_t, const uint32_t*, int64_t, const float*, at::BFloat16*, int64_t, int64_t,
+                      const char*);
+using TileF32 = void (*)(const float*, int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t,
+                         const char*);
+// [0]: a lone row over the whole block; [n]: n rows over half of it
+constexpr Tile kTiles[kTileRows + 1] = {tile<1, 8>, tile<1, 4>, tile<2, 4>};
+constexpr TileF32 kTilesF32[kTileRowsF32 + 1] = {tile_f32<1, 8>, tile_f32<1, 4>, tile_f32<2, 4>, tile_f32<3, 4>};
+
+// y [m, n_out] = x [m, K] @ W^T per 64-column block. W: lines input lines of kLineBytes per block.
+template <typename T, typename W, typename TileFn>
+void linear_blocks(const float* x, int64_t m, int64_t k, const W* weights, int64_t lines, int64_t blocks,
+                   const float* bias, int64_t n_out, T* y, const TileFn* tiles, int64_t tile_rows) {
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block) {
+      const W* w = weights + block * lines * kBlockColumns;
+      const int64_t first = block * kBlockColumns, columns = std::min(kBlockColumns, n_out - first);
+      const float* block_bias = bias ? bias + first : nullptr;
+      const char* ahead = m > 1 && block + 1 < end ? reinterpret_cast<const char*>(w + lines * kBlockColumns) : nullptr;
+      for (int64_t r = 0; r < m; r += tile_rows) {
+        const int64_t n = std::min(tile_rows, m - r);
+        if (n == 1) {
+          tiles[0](x + r * k, k, w, lines, block_bias, y + r * n_out + first, n_out, columns, ahead);
+          ahead = nullptr;
+          continue;
+        }
+        for (int64_t half = 0; half < columns; half += kHalfColumns) {
+          tiles[n](x + r * k, k, w + half, lines, block_bias ? block_bias + half : nullptr, y + r * n_out + first + half,
+                   n_out, std::min(kHalfColumns, columns - half), ahead);
+          ahead = nullptr;  // the first tile fetches the next block
+        }
+      }
+    }
+  });
+}
+
+void linear_rows(const at::BFloat16* x, int64_t m, const at::Tensor& packed, const float* bias, int64_t n_out,
+                 at::BFloat16* y) {
+  const int64_t pairs = packed.size(1), k = 2 * pairs;
+  std::vector<float> widened(m * k);  // the activations in fp32 once, broadcast from there
+  for (int64_t i = 0; i < m * k; i += kLanes) Simd::store(&widened[i], m * k - i, Simd::load(x + i, m * k - i));
+  linear_blocks(widened.data(), m, k, reinterpret_cast<const uint32_t*>(packed.data_ptr<at::BFloat16>()), pairs,
+                packed.size(0), bias, n_out, y, kTiles, kTileRows);
+}
+
+void linear_rows(const float* x, int64_t m, const at::Tensor& packed, const float* bias, int64_t n_out, float* y) {
+  linear_blocks(x, m, packed.size(1), packed.data_ptr<float>(), packed.size(1), packed.size(0), bias, n_out, y,
+                kTilesF32, kTileRowsF32);
+}
+#endif
+
 void check_packed(const at::Tensor& packed, int64_t k, int64_t n_out) {
   TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.dim() == 4 && packed.size(2) == kBlockColumns &&
               packed.size(3) == 2 && packed.is_contiguous(), "weight not packed by quickdraft.kernels.pack_bf16");
@@ -107,56 +388,6 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, const std:
   return y.view(out_shape);
 }
 
-// ---- fp32 products ---------------------------------------------------------------------------
-// The same scheme for fp32 weights (no bf16 unit needed): packed [ceil(N/64), K, 64], each input
-// k's 64 column weights in one 256-byte line, fused multiply-adds in input order.
-template <int Rows>
-void tile_f32(const float* x, int64_t x_stride, const float* weights, int64_t k, const float* bias, float* y,
-              int64_t y_stride, int64_t columns) {
-  __m512 acc[Rows][4];
-  for (int r = 0; r < Rows; ++r)
-    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < k; ++p) {
-    const float* line = weights + kBlockColumns * p;
-    const __m512 w0 = _mm512_loadu_ps(line), w1 = _mm512_loadu_ps(line + 16);
-    const __m512 w2 = _mm512_loadu_ps(line + 32), w3 = _mm512_loadu_ps(line + 48);
-    for (int r = 0; r < Rows; ++r) {
-      const __m512 xp = _mm512_set1_ps(x[r * x_stride + p]);
-      acc[r][0] = _mm512_fmadd_ps(xp, w0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(xp, w1, acc[r][1]);
-      acc[r][2] = _mm512_fmadd_ps(xp, w2, acc[r][2]);
-      acc[r][3] = _mm512_fmadd_ps(xp, w3, acc[r][3]);
-    }
-  }
-  for (int c = 0; c < 4; ++c) {
-    const int64_t first = c * 16;
-    if (first >= columns) break;
-    const __mmask16 keep = columns - first >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (columns - first)) - 1);
-    const __m512 b = bias ? _mm512_maskz_loadu_ps(keep, bias + first) : _mm512_setzero_ps();
-    for (int r = 0; r < Rows; ++r) _mm512_mask_storeu_ps(y + r * y_stride + first, keep, _mm512_add_ps(acc[r][c], b));
-  }
-}
-
-using TileF32 = void (*)(const float*, int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t);
-constexpr TileF32 kTilesF32[kTileRows + 1] = {nullptr, tile_f32<1>, tile_f32<2>, tile_f32<3>, tile_f32<4>,
-                                               tile_f32<5>, tile_f32<6>};
-
-void linear_rows(const float* x, int64_t m, const at::Tensor& packed, const float* bias, int64_t n_out, float* y) {
-  const int64_t k = packed.size(1), blocks = packed.size(0);
-  const float* ws = packed.data_ptr<float>();
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t block = begin; block < end; ++block) {
-      const int64_t first = block * kBlockColumns;
-      const int64_t columns = std::min(kBlockColumns, n_out - first);
-      for (int64_t r = 0; r < m; r += kTileRows) {
-        const int64_t n = std::min(kTileRows, m - r);
-        kTilesF32[n](x + r * k, k, ws + block * k * kBlockColumns, k, bias ? bias + first : nullptr,
-                     y + r * n_out + first, n_out, columns);
-      }
-    }
-  });
-}
-
 void check_packed_f32(const at::Tensor& packed, int64_t k, int64_t n_out) {
   TORCH_CHECK(packed.scalar_type() == at::kFloat && packed.dim() == 3 && packed.size(2) == kBlockColumns &&
               packed.is_contiguous(), "weight not packed by quickdraft.kernels.pack_f32");
@@ -176,51 +407,33 @@ inline void check_packed_for(const float*, const at::Tensor& packed, int64_t k, 
 // byte read.
 
 // e^x, x clamped to [-87, 88]: Cody-Waite range reduction and a degree-6 polynomial, ~1 ulp in fp32.
-inline __m512 exp_clamped(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
+inline V exp_clamped(V x) {
+  x = Simd::min(Simd::max(x, Simd::set1(-87.0f)), Simd::set1(88.0f));
+  const V n = Simd::round_nearest(Simd::mul(x, Simd::set1(1.44269504088896341f)));
+  V r = Simd::fnmadd(n, Simd::set1(0.693359375f), x);
+  r = Simd::fnmadd(n, Simd::set1(-2.12194440e-4f), r);
+  V p = Simd::set1(1.0f / 720);
+  p = Simd::fmadd(p, r, Simd::set1(1.0f / 120));
+  p = Simd::fmadd(p, r, Simd::set1(1.0f / 24));
+  p = Simd::fmadd(p, r, Simd::set1(1.0f / 6));
+  p = Simd::fmadd(p, r, Simd::set1(0.5f));
+  p = Simd::fmadd(p, r, Simd::set1(1.0f));
+  p = Simd::fmadd(p, r, Simd::set1(1.0f));
+  return Simd::scale2(p, n);
 }
 
-inline __mmask16 lanes(int64_t remaining) {
-  return remaining >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << remaining) - 1);
-}
-
-inline __m512 load_bf16(const at::BFloat16* p, __mmask16 keep) {
-  return _mm512_cvtpbh_ps((__m256bh)_mm256_maskz_loadu_epi16(keep, p));
-}
-
-inline void store_bf16(at::BFloat16* p, __mmask16 keep, __m512 v) {
-  _mm256_mask_storeu_epi16(p, keep, (__m256i)_mm512_cvtneps_pbh(v));
-}
-
-// Loads, stores and the rounding a value gets when the eager model stores it, per element type.
+// The rounding a value gets when the eager model stores it in its element type.
 template <typename T>
 struct Elem;
 template <>
 struct Elem<at::BFloat16> {
-  static __m512 load(const at::BFloat16* p, __mmask16 keep) { return load_bf16(p, keep); }
-  static void store(at::BFloat16* p, __mmask16 keep, __m512 v) { store_bf16(p, keep, v); }
-  static __m512 round(__m512 v) { return _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(v)); }
+  static V round(V v) { return Simd::round_bf16(v); }
 };
 template <>
 struct Elem<float> {
-  static __m512 load(const float* p, __mmask16 keep) { return _mm512_maskz_loadu_ps(keep, p); }
-  static void store(float* p, __mmask16 keep, __m512 v) { _mm512_mask_storeu_ps(p, keep, v); }
-  static __m512 round(__m512 v) { return v; }
+  static V round(V v) { return v; }
 };
 
-constexpr int kMaxHeadChunks = 16;  // head_dim <= 256
 
 // Query rows of head h for sequence b, step row i at q + ((b * t + i) * q_row + h * d) (q_row: a
 // step row's stride); out likewise with out_row. keys/values [B, Hkv, C, D] with strides
@@ -230,85 +443,176 @@ struct AttentionLayout {
   int64_t q_row, out_row, k0, k1, v0, v1, mask_batches;
 };
 
-// All query rows that share one key/value head (the step's rows x the group's query heads) in one
-// pass over the cache: each key and value is loaded once for all of them. Every row still runs the
-// same instructions on the same data in the same order as it would alone - its visible slots in
-// slot order - so its bits do not depend on the others.
+// The keys or values of one head over the window's slots [0, c) in fp32: the cache itself when it
+// is fp32, else widened once here (exactly) for all the rows that read them.
+template <typename T>
+const float* widened_head(const T* head, int64_t c, int64_t d, std::vector<float>& buffer) {
+  if constexpr (std::is_same_v<T, float>) {
+    return head;
+  } else {
+    buffer.resize(c * d);
+    for (int64_t i = 0; i < c * d; i += kLanes) Simd::store(&buffer[i], c * d - i, Simd::load(head + i, c * d - i));
+    return buffer.data();
+  }
+}
+
+// The slots in [first, end) that a row's mask marks, in slot order, into list; their count.
+inline int64_t visible_slots(const bool* row_mask, int64_t first, int64_t end, int32_t* list) {
+  int64_t n = 0, s = first;
+  for (; s + 32 <= end; s += 32) {
+    const __m256i marks = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row_mask + s));
+    auto bits = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpgt_epi8(marks, _mm256_setzero_si256())));
+    for (; bits; bits &= bits - 1) list[n++] = static_cast<int32_t>(s + __builtin_ctz(bits));
+  }
+  for (; s < end; ++s)
+    if (row_mask[s]) list[n++] = static_cast<int32_t>(s);
+  return n;
+}
+
+constexpr int64_t kSlotBlock = 64;  // slots whose widened keys (or values) stay in L1 while every row reads them
+
+// Every query row that shares one key/value head (the step's rows x the group's query heads), over
+// the head's keys and values widened once for them all, a block of slots at a time so that those
+// stay in L1 while each row reads them. A row's score for a slot is its own dot product (lanes
+// multiplied chunk after chunk, then one fixed reduction), its softmax denominator a sequential
+// sum, its weighted values accumulated slot after slot in slot order (across blocks too): the same
+// instructions on the same data whatever the other rows, the window or where its visible slots sit.
 template <typename T>
 void attend_group(const AttentionLayout& a, int64_t b, int64_t kv, const T* q, const T* keys,
                   const T* values, const bool* mask, T* out) {
   const int64_t group = a.n_head / a.n_kv, rows = a.t * group, c = a.c, d = a.d;
-  const int64_t chunks = (d + 15) / 16, stride = c + 16;
+  const int64_t chunks = (d + kLanes - 1) / kLanes, stride = chunks * kLanes;  // widened rows padded to whole chunks
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  std::vector<float> queries(rows * chunks * 16), scores(rows * stride), acc(rows * chunks * 16, 0.0f);
-  std::vector<int64_t> count(rows, 0);
-  std::vector<const bool*> masks(rows);
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t i = r / group, h = kv * group + r % group;
-    const T* qrow = q + (b * a.t + i) * a.q_row + h * d;
-    for (int64_t e = 0; e < chunks; ++e)
-      _mm512_storeu_ps(&queries[(r * chunks + e) * 16],
-                       _mm512_mul_ps(Elem<T>::load(qrow + 16 * e, lanes(d - 16 * e)), _mm512_set1_ps(scale)));
-    masks[r] = mask + ((a.mask_batches == 1 ? 0 : b) * a.t + i) * c;
+  // Per thread, reused from call to call: a window's widened keys and values are ~100 KB, which
+  // malloc would map and unmap (and fault in) every time.
+  thread_local std::vector<float> key_buffer, value_buffer, padded_keys, padded_values, queries, scores, sums;
+  thread_local std::vector<int64_t> count;
+  const bool* group_mask = mask + (a.mask_batches == 1 ? 0 : b) * a.t * c;
+  int64_t span = 0;  // the slots [0, span) that any row sees
+  for (int64_t i = 0; i < a.t; ++i)
+    for (int64_t s = c - 1; s >= span; --s)
+      if (group_mask[i * c + s]) {
+        span = s + 1;
+        break;
+      }
+  const float* kf = widened_head(keys + b * a.k0 + kv * a.k1, span, d, key_buffer);
+  const float* vf = widened_head(values + b * a.v0 + kv * a.v1, span, d, value_buffer);
+  // Slot s's vector at s * d: a head size that is not a whole number of chunks reads past it, so
+  // those are copied to whole chunks first (zeros in the tail lanes, as the masked loads gave).
+  if (d != stride) {
+    padded_keys.assign(span * stride, 0.0f);
+    padded_values.assign(span * stride, 0.0f);
+    for (int64_t s = 0; s < span; ++s) {
+      std::copy(kf + s * d, kf + (s + 1) * d, &padded_keys[s * stride]);
+      std::copy(vf + s * d, vf + (s + 1) * d, &padded_values[s * stride]);
+    }
+    kf = padded_keys.data();
+    vf = padded_values.data();
   }
-  const T* kh = keys + b * a.k0 + kv * a.k1;
-  const T* vh = values + b * a.v0 + kv * a.v1;
-  __m512 vec[kMaxHeadChunks];
-  // Slot after slot, for every row that sees the slot: load the head's vector there once (into
-  // vec), then visit(r). Each row meets its visible slots in slot order.
-  const auto scan = [&](const T* head, const auto& visit) {
-    for (int64_t s = 0; s < c; ++s) {
-      bool loaded = false;
-      for (int64_t r = 0; r < rows; ++r) {
-        if (!masks[r][s]) continue;
-        if (!loaded) {
-          for (int64_t e = 0; e < chunks; ++e) vec[e] = Elem<T>::load(head + s * d + 16 * e, lanes(d - 16 * e));
-          loaded = true;
+  const int64_t score_row = span + kLanes;
+  queries.resize(rows * stride);
+  scores.resize(rows * score_row);
+  sums.assign(rows * stride, 0.0f);
+  count.assign(rows, 0);
+  const auto row_mask = [&](int64_t r) { return group_mask + (r / group) * c; };
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* qrow = q + (b * a.t + r / group) * a.q_row + (kv * group + r % group) * d;
+    for (int64_t e = 0; e < chunks; ++e)
+      Simd::store(&queries[r * stride + e * kLanes],
+                  Simd::mul(Simd::load(qrow + kLanes * e, d - kLanes * e), Simd::set1(scale)));
+  }
+  int32_t list[kSlotBlock];
+  for (int64_t first = 0; first < span; first += kSlotBlock) {  // scores
+    const int64_t end = std::min(span, first + kSlotBlock);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t n = visible_slots(row_mask(r), first, end, list);
+      const float* query = &queries[r * stride];
+      float* score = &scores[r * score_row + count[r]];
+      count[r] += n;
+      int64_t j = 0;
+      for (; j + 4 <= n; j += 4) {  // four slots at a time: independent chains
+        const float* k0 = kf + list[j] * stride;
+        const float* k1 = kf + list[j + 1] * stride;
+        const float* k2 = kf + list[j + 2] * stride;
+        const float* k3 = kf + list[j + 3] * stride;
+        const V q0 = Simd::load(query);
+        V d0 = Simd::mul(q0, Simd::load(k0)), d1 = Simd::mul(q0, Simd::load(k1));
+        V d2 = Simd::mul(q0, Simd::load(k2)), d3 = Simd::mul(q0, Simd::load(k3));
+        for (int64_t e = 1; e < chunks; ++e) {
+          const V qe = Simd::load(query + e * kLanes);
+          d0 = Simd::fmadd(qe, Simd::load(k0 + e * kLanes), d0);
+          d1 = Simd::fmadd(qe, Simd::load(k1 + e * kLanes), d1);
+          d2 = Simd::fmadd(qe, Simd::load(k2 + e * kLanes), d2);
+          d3 = Simd::fmadd(qe, Simd::load(k3 + e * kLanes), d3);
         }
-        visit(r);
+        score[j] = Simd::sum(d0);
+        score[j + 1] = Simd::sum(d1);
+        score[j + 2] = Simd::sum(d2);
+        score[j + 3] = Simd::sum(d3);
+      }
+      for (; j < n; ++j) {
+        const float* k0 = kf + list[j] * stride;
+        V d0 = Simd::mul(Simd::load(query), Simd::load(k0));
+        for (int64_t e = 1; e < chunks; ++e) d0 = Simd::fmadd(Simd::load(query + e * kLanes), Simd::load(k0 + e * kLanes), d0);
+        score[j] = Simd::sum(d0);
       }
     }
-  };
-  scan(kh, [&](int64_t r) {  // scores
-    const float* qr = &queries[r * chunks * 16];
-    __m512 dot = _mm512_mul_ps(_mm512_loadu_ps(qr), vec[0]);
-    for (int64_t e = 1; e < chunks; ++e) dot = _mm512_fmadd_ps(_mm512_loadu_ps(qr + 16 * e), vec[e], dot);
-    scores[r * stride + count[r]++] = _mm512_reduce_add_ps(dot);
-  });
-  std::vector<float> inverse(rows, 0.0f);
+  }
   for (int64_t r = 0; r < rows; ++r) {  // softmax weights in place; the denominator summed in slot order
     const int64_t n = count[r];
-    float* score = &scores[r * stride];
+    float* score = &scores[r * score_row];
     float top = -INFINITY;
     for (int64_t j = 0; j < n; ++j) top = std::max(top, score[j]);
-    const __m512 top_v = _mm512_set1_ps(top);
-    for (int64_t j = 0; j < n; j += 16) {
-      const __mmask16 part = lanes(n - j);
-      _mm512_mask_storeu_ps(score + j, part, exp_clamped(_mm512_sub_ps(_mm512_maskz_loadu_ps(part, score + j), top_v)));
-    }
+    const V top_v = Simd::set1(top);
+    for (int64_t j = 0; j < n; j += kLanes) Simd::store(score + j, n - j, exp_clamped(Simd::sub(Simd::load(score + j, n - j), top_v)));
     float total = 0.0f;
     for (int64_t j = 0; j < n; ++j) total += score[j];
-    inverse[r] = n ? 1.0f / total : 0.0f;
+    const float inverse = n ? 1.0f / total : 0.0f;
+    score[n] = inverse;  // kept beside the weights until the output is scaled
     count[r] = 0;
   }
-  scan(vh, [&](int64_t r) {  // weighted values
-    const __m512 w = _mm512_set1_ps(scores[r * stride + count[r]++]);
-    float* ar = &acc[r * chunks * 16];
-    for (int64_t e = 0; e < chunks; ++e) _mm512_storeu_ps(ar + 16 * e, _mm512_fmadd_ps(w, vec[e], _mm512_loadu_ps(ar + 16 * e)));
-  });
+  for (int64_t first = 0; first < span; first += kSlotBlock) {  // weighted values, slot after slot
+    const int64_t end = std::min(span, first + kSlotBlock);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t n = visible_slots(row_mask(r), first, end, list);
+      const float* weight = &scores[r * score_row + count[r]];
+      count[r] += n;
+      float* sum = &sums[r * stride];
+      int64_t e = 0;
+      for (; e + 4 <= chunks; e += 4) {  // four chunks of lanes at a time, their sums in registers
+        V a0 = Simd::load(sum + e * kLanes), a1 = Simd::load(sum + (e + 1) * kLanes);
+        V a2 = Simd::load(sum + (e + 2) * kLanes), a3 = Simd::load(sum + (e + 3) * kLanes);
+        for (int64_t j = 0; j < n; ++j) {
+          const V w = Simd::set1(weight[j]);
+          const float* vs = vf + list[j] * stride + e * kLanes;
+          a0 = Simd::fmadd(w, Simd::load(vs), a0);
+          a1 = Simd::fmadd(w, Simd::load(vs + kLanes), a1);
+          a2 = Simd::fmadd(w, Simd::load(vs + 2 * kLanes), a2);
+          a3 = Simd::fmadd(w, Simd::load(vs + 3 * kLanes), a3);
+        }
+        Simd::store(sum + e * kLanes, a0);
+        Simd::store(sum + (e + 1) * kLanes, a1);
+        Simd::store(sum + (e + 2) * kLanes, a2);
+        Simd::store(sum + (e + 3) * kLanes, a3);
+      }
+      for (; e < chunks; ++e) {
+        V a0 = Simd::load(sum + e * kLanes);
+        for (int64_t j = 0; j < n; ++j) a0 = Simd::fmadd(Simd::set1(weight[j]), Simd::load(vf + list[j] * stride + e * kLanes), a0);
+        Simd::store(sum + e * kLanes, a0);
+      }
+    }
+  }
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t i = r / group, h = kv * group + r % group;
-    T* o = out + (b * a.t + i) * a.out_row + h * d;
-    const __m512 inv = _mm512_set1_ps(inverse[r]);
-    for (int64_t e = 0; e < chunks; ++e)
-      Elem<T>::store(o + 16 * e, lanes(d - 16 * e), _mm512_mul_ps(_mm512_loadu_ps(&acc[(r * chunks + e) * 16]), inv));
+    T* o = out + (b * a.t + r / group) * a.out_row + (kv * group + r % group) * d;
+    const V inv = Simd::set1(scores[r * score_row + count[r]]);
+    for (int64_t e = 0; e < chunks; ++e) Simd::store(o + kLanes * e, d - kLanes * e, Simd::mul(Simd::load(&sums[r * stride + e * kLanes]), inv));
   }
 }
 
 template <typename T>
 void attend_rows(const AttentionLayout& a, const T* q, const T* keys, const T* values,
                  const bool* mask, T* out) {
-  TORCH_CHECK(a.d <= 16 * kMaxHeadChunks, "attention: head_dim over 256");
+  TORCH_CHECK(a.d <= 256, "attention: head_dim over 256");
   at::parallel_for(0, a.batch * a.n_kv, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) attend_group<T>(a, task / a.n_kv, task % a.n_kv, q, keys, values, mask, out);
   });
@@ -342,20 +646,18 @@ at::Tensor attend_bf16(const at::Tensor& q, const at::Tensor& keys, const at::Te
 // (torch.compile's fused norms vectorise the reduction differently per row count).
 template <typename T>
 void rms_norm_rows(const T* x, int64_t m, int64_t h, const T* w, float eps, T* y) {
-  const int64_t chunks = (h + 15) / 16;
   for (int64_t r = 0; r < m; ++r) {
     const T* xr = x + r * h;
-    __m512 squares = _mm512_setzero_ps();
-    for (int64_t j = 0; j < chunks; ++j) {
-      const __m512 v = Elem<T>::load(xr + 16 * j, lanes(h - 16 * j));
-      squares = _mm512_fmadd_ps(v, v, squares);
+    V squares = Simd::zero();
+    for (int64_t j = 0; j < h; j += kLanes) {
+      const V v = Simd::load(xr + j, h - j);
+      squares = Simd::fmadd(v, v, squares);
     }
-    const float inverse = 1.0f / std::sqrt(_mm512_reduce_add_ps(squares) / static_cast<float>(h) + eps);
-    const __m512 scale = _mm512_set1_ps(inverse);
-    for (int64_t j = 0; j < chunks; ++j) {
-      const __mmask16 keep = lanes(h - 16 * j);
-      const __m512 normed = Elem<T>::round(_mm512_mul_ps(Elem<T>::load(xr + 16 * j, keep), scale));
-      Elem<T>::store(y + r * h + 16 * j, keep, _mm512_mul_ps(normed, Elem<T>::load(w + 16 * j, keep)));
+    const float inverse = 1.0f / std::sqrt(Simd::sum(squares) / static_cast<float>(h) + eps);
+    const V scale = Simd::set1(inverse);
+    for (int64_t j = 0; j < h; j += kLanes) {
+      const V normed = Elem<T>::round(Simd::mul(Simd::load(xr + j, h - j), scale));
+      Simd::store(y + r * h + j, h - j, Simd::mul(normed, Simd::load(w + j, h - j)));
     }
   }
 }
@@ -419,10 +721,8 @@ at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions,
   const auto* cs = cos.data_ptr<T>();
   const auto* sn = signed_sin.data_ptr<T>();
   const auto add_into_residual = [&](const T* y) {
-    for (int64_t i = 0; i < m * e; i += 16) {
-      const __mmask16 keep = lanes(m * e - i);
-      Elem<T>::store(h + i, keep, _mm512_add_ps(Elem<T>::load(h + i, keep), Elem<T>::load(y + i, keep)));
-    }
+    for (int64_t i = 0; i < m * e; i += kLanes)
+      Simd::store(h + i, m * e - i, Simd::add(Simd::load(h + i, m * e - i), Simd::load(y + i, m * e - i)));
   };
   for (int64_t layer = 0; layer < n_layers; ++layer) {
     const at::Tensor* w = &weights[1 + kPerLayer * layer];
@@ -465,12 +765,11 @@ at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions,
     linear_rows(xn, m, w[5], nullptr, 2 * intermediate, gu);
     for (int64_t r = 0; r < m; ++r) {  // silu(gate) * up, each rounded to bf16 as the eager model does
       const T* g = gu + r * 2 * intermediate;
-      for (int64_t i = 0; i < intermediate; i += 16) {
-        const __mmask16 keep = lanes(intermediate - i);
-        const __m512 gv = Elem<T>::load(g + i, keep);
-        const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), exp_clamped(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
-        const __m512 rounded = Elem<T>::round(silu);
-        Elem<T>::store(hid + r * intermediate + i, keep, _mm512_mul_ps(rounded, Elem<T>::load(g + intermediate + i, keep)));
+      for (int64_t i = 0; i < intermediate; i += kLanes) {
+        const int64_t n = intermediate - i;
+        const V gv = Simd::load(g + i, n);
+        const V silu = Simd::div(gv, Simd::add(Simd::set1(1.0f), exp_clamped(Simd::sub(Simd::zero(), gv))));
+        Simd::store(hid + r * intermediate + i, n, Simd::mul(Elem<T>::round(silu), Simd::load(g + intermediate + i, n)));
       }
     }
     check_packed_for(h, w[6], intermediate, e);
