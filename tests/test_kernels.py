@@ -170,3 +170,40 @@ def test_a_model_too_large_for_a_packed_copy_keeps_torchs_kernels(monkeypatch, c
     assert "not packing" in caplog.text
     monkeypatch.undo()
     assert model.pack_products() and model.native is not None
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_a_greedy_draft_in_one_call_is_the_step_by_step_draft(checkpoints, dtype: str) -> None:
+    from quickdraft.drafters.base import DraftContext
+    from quickdraft.drafters.draft_model import DraftModelDrafter
+    from quickdraft.model.loader import load_model
+    from quickdraft.randomness import sampler_for
+    from quickdraft.sampling import SamplingParams
+
+    drafters = [DraftModelDrafter(load_model(checkpoints["related"], dtype=dtype)) for _ in range(2)]
+    assert drafters[0].model.native is not None
+    target = load_model(checkpoints["target"], dtype=dtype).model
+    prompt = torch.randint(3, 90, (80,), generator=torch.Generator().manual_seed(4)).tolist()  # a prefill > 64 rows
+    for drafter in drafters:
+        drafter.begin(prompt, DraftContext(target, target.new_cache(160), 160, drafter.vocab_limit))
+    greedy = SamplingParams()
+    sampler = sampler_for(greedy)
+    native, calls = drafters[0].model.native, []
+    one_call_draft = native.draft_greedy
+    native.draft_greedy = lambda *args: calls.append(args) or one_call_draft(*args)
+    tokens = list(prompt)
+    for k, accepted in [(4, 2), (6, 6), (1, 0), (5, 3)]:
+        # confidence_stop=0.0 never stops a draft, but takes the step-by-step path
+        one_call, step_by_step = drafters[0].propose(tokens, k, greedy, sampler), drafters[1].propose(
+            tokens, k, greedy, sampler, confidence_stop=0.0)
+        assert one_call.tokens == step_by_step.tokens and len(one_call.tokens) == k
+        assert one_call.forward_calls == step_by_step.forward_calls and one_call.q is None
+        for drafter in drafters:
+            drafter.accept(accepted)
+        assert drafters[0].cache.length == drafters[1].cache.length
+        tokens += one_call.tokens[:accepted] + [7]  # the target's own next token
+    assert len(calls) == 3  # every proposal but the first, whose 80 prompt tokens are a prefill
+    length = drafters[0].cache.length
+    assert all(torch.equal(a[:, :, :length], b[:, :, :length])
+               for a, b in zip(drafters[0].cache.keys + drafters[0].cache.values,
+                               drafters[1].cache.keys + drafters[1].cache.values))

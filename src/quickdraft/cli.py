@@ -56,7 +56,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                        help="no drafter: plain decoding (the baseline speculation is measured against)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
                         help="the target's dtype; auto (default): bf16 on hardware with bf16 dot products "
-                        "(AVX512-BF16/AMX CPUs, recent GPUs), else fp32")
+                        "(AVX512-BF16/AMX CPUs, recent GPUs) or where quickdraft's CPU kernels run (AVX2), "
+                        "else fp32")
     parser.add_argument("--draft-dtype", choices=["fp32", "bf16", "fp16"],
                         help="a draft model's dtype (default: fp32 on CPU, where a small draft runs faster "
                         "in fp32; the target's dtype elsewhere)")

@@ -130,7 +130,7 @@ class Engine:
             raise QuickdraftError(f"max_gamma must be an integer >= 1, got {max_gamma!r}")
         self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype=dtype, device=device)
         self.model = self.target.model
-        self.model.pack_products()  # bf16 on CPUs with AVX512-BF16: quickdraft's row-invariant kernels
+        self.model.pack_products()  # quickdraft's row-invariant CPU kernels, where they run
         # Whole forwards in C++ (model/native.py): every step runs through them, nothing is compiled,
         # rows are never padded (each row's bits are the same whatever the row count) and γ is not capped.
         native = self.model.native is not None

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from quickdraft import kernels
 from quickdraft.bench.llama_cpp import DRAFT_MAX, LlamaCpp, LlamaCppRun, same_output, token_bytes
 from quickdraft.drafters.base import Draft, DraftContext, Drafter
 from quickdraft.drafters.factory import make_drafter
@@ -771,6 +772,7 @@ def machine_description() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        "kernels": kernels.isa() if kernels.available() else None,  # the instruction set of our CPU kernels
         "python": platform.python_version(),
         "platform": platform.platform(),
     }

@@ -48,6 +48,7 @@ def markdown_report(report: dict[str, Any], command: str | None = None) -> str:
     if command:
         out.append(f"Command: `{command}`\n")
     out.append(f"Machine: {m['cpu']}, {m['cpus']} CPUs, torch {m['torch']} ({m['torch_threads']} threads), "
+               f"quickdraft kernels: {m.get('kernels') or 'none'}, "
                f"transformers {m.get('transformers') or 'not installed'}, Python {m['python']}.")
     out.append(f"Target: {t['parameters'] / 1e6:.1f}M parameters ({t['layers']} layers, width {t['hidden_size']}); "
                + (f"draft: {d['parameters'] / 1e6:.2f}M ({d['layers']} layers, width {d['hidden_size']})." if d else

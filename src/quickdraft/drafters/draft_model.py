@@ -12,6 +12,7 @@ from quickdraft.errors import VocabularyMismatchError
 from quickdraft.model.compiled import CompiledSteps, CompiledTreeSteps, static_capacity
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.loader import LoadedModel
+from quickdraft.model.transformer import KERNEL_ATTENTION_ROWS
 from quickdraft.model.tokenizer import Tokenizer
 from quickdraft.randomness import TokenSampler
 from quickdraft.sampling import SamplingParams
@@ -97,12 +98,25 @@ class DraftModelDrafter(Drafter):
         confidence_stop: float | None = None,
     ) -> Draft:
         assert self.cache is not None, "begin() first"
+        if (sampling.greedy and confidence_stop is None and self.model.native is not None
+                and len(tokens) - self.cache.length <= KERNEL_ATTENTION_ROWS):  # longer: a prefill, torch's kernels
+            return self._propose_greedy_natively(tokens, k)
         logits = self._forward(tokens[self.cache.length :])
         self._base = len(tokens)
         draft = draft_autoregressively(logits, lambda t: self._forward([t]), k, sampling, sampler, len(tokens),
                                        confidence_stop)
         self._fed = draft.forward_calls - 1  # drafted tokens now in the cache
         return draft
+
+    def _propose_greedy_natively(self, tokens: list[int], k: int) -> Draft:
+        """``propose``'s greedy chain as one C++ call (the same forwards and argmaxes): on the
+        embedded draft a step's Python costs about as much as its forward."""
+        assert self.cache is not None and self.model.native is not None
+        drafted = self.model.native.draft_greedy(tokens[self.cache.length :], k, self.vocab_limit, self.cache)
+        self._base = len(tokens)
+        self._fed = k - 1
+        self.cache.length = self._base + self._fed
+        return Draft(drafted, None, k)
 
     def accept(self, n_accepted: int) -> None:
         assert self.cache is not None

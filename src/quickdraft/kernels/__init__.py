@@ -2,15 +2,16 @@
 
 Three kernels (``bf16_kernels.cpp``): ``linear_bf16`` (weight products), ``attend_bf16``
 (attention over a cache window) and ``rms_norm_bf16``, for bf16 decode steps of a few rows - 1-row plain decoding, verify
-steps of 2-33 rows, token trees, batched steps - on CPUs with AVX512-BF16 dot products (Zen 4,
-Intel Cooper Lake and Sapphire Rapids on). A row's result is the same bits whatever the other rows,
-which exact mode's probes then find. The whole forward (``forward``) also takes fp32 weights
-(fused multiply-adds; packed by ``pack_f32``).
+steps of 2-33 rows, token trees, batched steps - and a whole forward (``forward``, bf16 or fp32
+weights, the latter packed by ``pack_f32``). Built for the CPU's best instruction set (``isa()``):
+AVX512-BF16 dot products (Zen 4, Intel Cooper Lake and Sapphire Rapids on), else AVX2 + FMA with
+the bf16 weights widened in registers. A row's result is the same bits whatever the other rows,
+which exact mode's probes then find.
 
 The library is compiled once per source, torch version and compiler into ``kernels/`` of
 quickdraft's cache (``user_cache.cache_dir``, default ``~/.cache/quickdraft``), in ~10-20 s, with the C++ compiler that
-torch.compile needs anyway. Where it cannot be built or loaded (no compiler, no AVX512-BF16, not
-Linux), or with ``QUICKDRAFT_KERNELS=0``, ``available()`` is False and models keep torch's
+torch.compile needs anyway. Where it cannot be built or loaded (no compiler, neither instruction
+set, not Linux), or with ``QUICKDRAFT_KERNELS=0``, ``available()`` is False and models keep torch's
 products: nothing but speed depends on these kernels.
 """
 
@@ -190,3 +191,13 @@ def forward(tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, 
     (see ``model/native.py``)."""
     return torch.ops.quickdraft.forward(tokens, positions, slots, mask, cos, signed_sin, keys, values, weights,
                                         n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps)
+
+
+def draft_greedy(tokens: torch.Tensor, start: int, k: int, vocab_limit: int, cos: torch.Tensor,
+                 signed_sin: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                 weights: list[torch.Tensor], n_layers: int, n_head: int, n_kv: int, head_dim: int,
+                 intermediate: int, vocab: int, eps: float) -> torch.Tensor:
+    """Feed tokens [1, T] after ``start`` cached tokens, then draft ``k`` tokens greedily in one call
+    (``forward``'s steps, the argmax of each fed back): -> int64 [k]."""
+    return torch.ops.quickdraft.draft_greedy(tokens, start, k, vocab_limit, cos, signed_sin, keys, values, weights,
+                                             n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps)

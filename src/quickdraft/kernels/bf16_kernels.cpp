@@ -798,6 +798,59 @@ at::Tensor forward(const at::Tensor& tokens, const at::Tensor& positions, const 
                                      n_head, n_kv, head_dim, intermediate, vocab, eps);
 }
 
+// quickdraft::draft_greedy: a draft model's whole greedy proposal in one call. Feeds tokens [1, T]
+// at positions start.. (a chain after the cache's first start slots), then drafts k tokens: each
+// is the first maximum of the last row's logits over [0, vocab_limit), and all but the last are
+// fed back as 1-row steps. -> the k tokens; the cache then holds start + T + k - 1 tokens. The
+// steps are the ones forward computes: this only keeps Python out of the draft's loop.
+template <typename T>
+at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t k, int64_t vocab_limit,
+                               const at::Tensor& cos, const at::Tensor& signed_sin, at::TensorList keys,
+                               at::TensorList values, at::TensorList weights, int64_t n_layers, int64_t n_head,
+                               int64_t n_kv, int64_t head_dim, int64_t intermediate, int64_t vocab, double eps) {
+  TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == 1 && tokens.size(1) >= 1 && k >= 1 && vocab_limit >= 1 &&
+              vocab_limit <= vocab, "draft_greedy: one sequence of at least one token, k >= 1, a vocabulary limit");
+  at::Tensor drafted = at::empty({k}, tokens.options());
+  auto* out = drafted.data_ptr<int64_t>();
+  const auto ids = tokens.options();
+  at::Tensor feed = tokens.contiguous();
+  int64_t first = start;
+  for (int64_t i = 0; i < k; ++i) {
+    const int64_t t = feed.size(1);
+    const at::Tensor positions = at::arange(first, first + t, ids).view({1, t});
+    at::Tensor mask = at::ones({1, t, first + t}, ids.dtype(at::kBool));
+    if (t > 1) mask = mask.tril(first);  // row j sees slots [0, first + j]
+    const at::Tensor logits = forward_native<T>(feed, positions, positions, mask, cos, signed_sin, keys, values,
+                                                weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps);
+    const T* last = logits.data_ptr<T>() + (t - 1) * vocab;
+    int64_t best = 0;
+    float top = static_cast<float>(last[0]);
+    for (int64_t v = 1; v < vocab_limit; ++v)
+      if (static_cast<float>(last[v]) > top) {
+        top = static_cast<float>(last[v]);
+        best = v;
+      }
+    out[i] = best;
+    first += t;
+    feed = at::full({1, 1}, best, ids);
+  }
+  return drafted;
+}
+
+at::Tensor draft_greedy(const at::Tensor& tokens, int64_t start, int64_t k, int64_t vocab_limit, const at::Tensor& cos,
+                        const at::Tensor& signed_sin, at::TensorList keys, at::TensorList values,
+                        at::TensorList weights, int64_t n_layers, int64_t n_head, int64_t n_kv, int64_t head_dim,
+                        int64_t intermediate, int64_t vocab, double eps) {
+  const auto dtype = weights[0].scalar_type();
+  TORCH_CHECK((dtype == at::kBFloat16 || dtype == at::kFloat) && cos.scalar_type() == dtype,
+              "draft_greedy: bf16 or fp32 weights and RoPE tables of the same dtype");
+  return dtype == at::kBFloat16
+             ? draft_greedy_native<at::BFloat16>(tokens, start, k, vocab_limit, cos, signed_sin, keys, values, weights,
+                                                 n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps)
+             : draft_greedy_native<float>(tokens, start, k, vocab_limit, cos, signed_sin, keys, values, weights,
+                                          n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(quickdraft, m) {
@@ -807,6 +860,9 @@ TORCH_LIBRARY(quickdraft, m) {
   m.def("forward(Tensor tokens, Tensor positions, Tensor slots, Tensor mask, Tensor cos, Tensor signed_sin, "
         "Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, int n_kv, int head_dim, "
         "int intermediate, int vocab, float eps) -> Tensor");
+  m.def("draft_greedy(Tensor tokens, int start, int k, int vocab_limit, Tensor cos, Tensor signed_sin, "
+        "Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, int n_kv, int head_dim, "
+        "int intermediate, int vocab, float eps) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
@@ -814,4 +870,5 @@ TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
   m.impl("attend_bf16", &attend_bf16);
   m.impl("rms_norm_bf16", &rms_norm_bf16);
   m.impl("forward", &forward);
+  m.impl("draft_greedy", &draft_greedy);
 }

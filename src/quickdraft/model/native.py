@@ -8,8 +8,8 @@ on the batch, on the attention window or on where a tree's ancestors sit in the 
 compiled: there is no graph to build before the first request.
 
 Used by ``Transformer`` for cached forwards of up to NATIVE_MAX_ROWS rows (decode, verify, tree,
-batched and early-exit steps) when the model is bf16 or fp32 on a CPU with AVX512-BF16 (the fp32
-forward needs only AVX-512, but ships in the same library) and its architecture
+batched and early-exit steps) when the model is bf16 or fp32 on a CPU the kernels are built for (AVX512-BF16 or
+AVX2) and its architecture
 is covered: RMSNorm, RoPE, a gated SiLU MLP without biases, no sliding window. Other models keep the
 per-op path.
 """
@@ -87,3 +87,22 @@ class NativeForward:
             tokens.contiguous(), positions.contiguous(), slots.contiguous(), mask.contiguous(), cos, signed_sin,
             keys, values, self.weights, model.config.n_layer if n_layers is None else n_layers,
             n_head, n_kv, head_dim, intermediate, vocab, self.eps)
+
+    def draft_greedy(self, tokens: list[int], k: int, vocab_limit: int, cache: KVCache) -> list[int]:
+        """Feed ``tokens`` after the cache's ``length`` tokens, then draft k tokens greedily (each
+        the first maximum of its logits below ``vocab_limit``), all in one C++ call: the same
+        forwards as feeding them one by one, without Python between the steps. The cache's length
+        is left to the caller: it then holds ``length + len(tokens) + k - 1`` tokens."""
+        model = self.model
+        start = cache.length
+        if start + len(tokens) + k - 1 > cache.capacity:
+            raise ValueError(f"drafting {k} tokens after {start + len(tokens)} exceeds the cache capacity {cache.capacity}")
+        model._rope(torch.zeros(1, dtype=torch.long), start + len(tokens) + k)  # the tables cover every position
+        assert model._rope_table is not None
+        cos, signed_sin = model._rope_table
+        n_head, n_kv, head_dim, intermediate, vocab = self.shape
+        drafted = kernels.draft_greedy(
+            torch.tensor([tokens], dtype=torch.long), start, k, vocab_limit, cos, signed_sin,
+            [k_[:1] for k_ in cache.keys], [v[:1] for v in cache.values], self.weights, model.config.n_layer,
+            n_head, n_kv, head_dim, intermediate, vocab, self.eps)
+        return drafted.tolist()

@@ -1,0 +1,40 @@
+"""Which instruction set the CPU kernels are built for (no build, no CPU requirement)."""
+
+import pytest
+
+from quickdraft import kernels
+
+AVX512 = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16"}
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    (AVX512, "avx512_bf16"),
+    (AVX512 - {"avx512_bf16"}, "avx2"),  # AVX-512 without bf16 dot products: the AVX2 build
+    ({"avx2", "fma", "f16c"}, "avx2"),
+    ({"avx2"}, None),  # no fused multiply-add
+    (set(), None),  # not x86, or no /proc/cpuinfo
+])
+def test_the_best_instruction_set_the_cpu_has(monkeypatch, flags, expected):
+    monkeypatch.delenv("QUICKDRAFT_KERNELS_ISA", raising=False)
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: flags)
+    assert kernels.isa() == expected
+
+
+def test_a_lesser_instruction_set_can_be_chosen_but_not_a_missing_one(monkeypatch):
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: AVX512)
+    monkeypatch.setenv("QUICKDRAFT_KERNELS_ISA", "avx2")
+    assert kernels.isa() == "avx2"
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: {"avx2", "fma"})
+    monkeypatch.setenv("QUICKDRAFT_KERNELS_ISA", "avx512_bf16")
+    assert kernels.isa() is None
+    monkeypatch.setenv("QUICKDRAFT_KERNELS_ISA", "sse2")
+    with pytest.raises(ValueError, match="avx512_bf16, avx2"):
+        kernels.isa()
+
+
+def test_the_cpu_flags_are_read_from_the_flags_line(monkeypatch, tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\nbugs\t\t: spectre_v1\n")
+    real_path = kernels.Path
+    monkeypatch.setattr(kernels, "Path", lambda p: cpuinfo if p == "/proc/cpuinfo" else real_path(p))
+    assert kernels._cpu_flags() == {"fpu", "avx2", "fma"}
