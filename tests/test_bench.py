@@ -96,7 +96,8 @@ def test_bench_reports_every_configuration_and_greedy_outputs_equal_plain(pair, 
             for key in ("alpha", "acceptance_rate", "mean_accepted_length", "cost", "bound", "efficiency",
                         "per_position_acceptance"):
                 assert key in row
-            assert row["cost"] is not None and row["cost"] >= 0
+            # auto γ may decode a short run plainly throughout (no γ expected to pay): then nothing was drafted
+            assert (row["cost"] is not None and row["cost"] >= 0) or (row["gamma"] == "auto" and not row["draft_steps_fraction"])
             assert len(row["per_position_acceptance"]) <= 8
         reference_row = row["family"] == "plain" and row["tree"] is not None  # a tree engine's own plain decoding
         if row["decoding"] == "greedy" and not row["peer"] and not reference_row:

@@ -183,3 +183,19 @@ def test_tree_requests_without_trees_or_without_a_drafter_are_clear_errors(model
         chains.generate([1, 2, 3], 4, tree=True)
     trees = Engine(models["target"], "prompt-lookup", tree_nodes=4)
     assert trees.generate([1, 2, 3, 1, 2], 8, tree=False).stats.tree_steps == 0  # a chain on request
+
+
+def test_auto_gamma_decodes_plainly_when_no_draft_pays_and_drafts_now_and_then_to_check():
+    from quickdraft.engine import PROBE_EVERY, GammaController
+
+    costly = GammaController("auto", 8, cost_hint=0.5, verify_cost=lambda gamma: 1 + 0.5 * gamma)
+    costly.accepts, costly.rejects = 1.0, 3.0  # α = 0.25: a 2-row verify and a draft cost 2 steps for 1.25 tokens
+    picks = [costly.next_gamma() for _ in range(2 * PROBE_EVERY + 2)]
+    assert picks[:PROBE_EVERY] == [0] * PROBE_EVERY
+    assert picks[PROBE_EVERY] >= 1  # a probe
+    assert picks[PROBE_EVERY + 1: 2 * PROBE_EVERY + 1] == [0] * PROBE_EVERY and picks[-1] >= 1
+    costly.observe(4, 4, 0.001, 0.01)  # drafts that pay after all: speculation resumes
+    costly.cost, costly.verify_cost = 0.05, lambda gamma: 1.0
+    assert costly.next_gamma() >= 1
+    assert GammaController("auto", 8, cost_hint=0.05).next_gamma() >= 1  # the prior α with a cheap draft
+    assert GammaController(3, 8, 0.5, lambda gamma: 10.0).next_gamma() == 3  # a fixed γ is never overruled

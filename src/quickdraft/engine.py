@@ -38,9 +38,15 @@ COMPILED_MAX_GAMMA = 4
 CACHE_ROUNDING = 64
 
 
+# Steps decoded plainly, while auto γ expects no γ to pay, between two drafts that refresh α and c.
+PROBE_EVERY = 16
+
+
 class GammaController:
     """Fixed γ, or "auto": maximise expected tokens per unit time,
     E[tokens]/cost = (1 − α^(γ+1)) / ((1 − α)(γc + v(γ))), from running estimates of α and c.
+    When no γ is expected to beat a plain step (a costly verify, drafts that keep failing), auto
+    decodes plainly (γ = 0), drafting once every PROBE_EVERY steps to see whether that changed.
 
     ``verify_cost(γ)``: the target call's cost for γ drafts relative to a 1-row call (1 when every
     call has the same shape; compiled steps in row buckets make a 9-row call cost several 1-row ones)."""
@@ -60,12 +66,18 @@ class GammaController:
         self.cost = cost_hint
         self.verify_cost = verify_cost or (lambda gamma: 1.0)
         self.decay = 0.9
+        self.plain_steps = 0  # consecutive plain steps auto chose
 
     def next_gamma(self) -> int:
         if not self.auto:
             return self.fixed
         alpha = self.accepts / (self.accepts + self.rejects)
-        return best_gamma(alpha, self.cost, self.max_gamma, self.verify_cost)
+        gamma = best_gamma(alpha, self.cost, self.max_gamma, self.verify_cost)
+        if expected_speedup(alpha, gamma, self.cost, self.verify_cost(gamma)) > 1.0 or self.plain_steps >= PROBE_EVERY:
+            self.plain_steps = 0
+            return gamma
+        self.plain_steps += 1
+        return 0
 
     def observe(self, drafted: int, accepted: int, drafter_seconds_per_call: float | None,
                 target_seconds: float | None) -> None:
