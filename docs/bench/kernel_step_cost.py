@@ -16,9 +16,7 @@ Medians of 50 calls after a warm-up, interleaved per row count, in one process.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -28,15 +26,9 @@ from quickdraft.assets import default_target_path
 from quickdraft.model.compiled import CompiledSteps
 from quickdraft.model.loader import load_model
 
+from timing import median_ms as timed
 
-def median_ms(fn: Callable[[], object], calls: int = 50) -> float:
-    fn()
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+median_ms = partial(timed, calls=50, warmup=1)
 
 
 def main() -> None:

@@ -12,9 +12,6 @@ calls after a warm-up; the first call of each graph is its build.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable
 
 import torch
 
@@ -23,16 +20,9 @@ from quickdraft.model.compiled import CPU_INDUCTOR_OPTIONS, TREE_INDUCTOR_OPTION
 from quickdraft.model.loader import load_model
 from quickdraft.tree import TokenTree, tree_attention_mask, tree_rows
 
+from timing import median_ms
+
 PREFIX = 300
-
-
-def median_ms(fn: Callable[[], object], calls: int = 30) -> float:
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
 
 
 def main() -> None:

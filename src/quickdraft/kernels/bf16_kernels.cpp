@@ -319,14 +319,16 @@ using Tile = void (*)(const float*, int64_t, const uint32_t*, int64_t, const flo
                       const char*);
 using TileF32 = void (*)(const float*, int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t,
                          const char*);
-// [0]: a lone row over the whole block; [n]: n rows over half of it
-constexpr Tile kTiles[kTileRows + 1] = {tile<1, 8>, tile<1, 4>, tile<2, 4>};
-constexpr TileF32 kTilesF32[kTileRowsF32 + 1] = {tile_f32<1, 8>, tile_f32<1, 4>, tile_f32<2, 4>, tile_f32<3, 4>};
+// [1]: a lone row over the whole block; [n > 1]: n rows over half of it
+constexpr Tile kTiles[kTileRows + 1] = {nullptr, tile<1, 8>, tile<2, 4>};
+constexpr TileF32 kTilesF32[kTileRowsF32 + 1] = {nullptr, tile_f32<1, 8>, tile_f32<2, 4>, tile_f32<3, 4>};
 
-// y [m, n_out] = x [m, K] @ W^T per 64-column block. W: lines input lines of kLineBytes per block.
-template <typename T, typename W, typename TileFn>
+// y [m, n_out] = x [m, K] @ W^T per 64-column block, rows in tiles of up to N - 1 (tiles[n]: n
+// rows). W: lines input lines of kLineBytes per block.
+template <typename T, typename W, typename TileFn, size_t N>
 void linear_blocks(const float* x, int64_t m, int64_t k, const W* weights, int64_t lines, int64_t blocks,
-                   const float* bias, int64_t n_out, T* y, const TileFn* tiles, int64_t tile_rows) {
+                   const float* bias, int64_t n_out, T* y, const TileFn (&tiles)[N]) {
+  constexpr auto tile_rows = static_cast<int64_t>(N - 1);
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end; ++block) {
       const W* w = weights + block * lines * kBlockColumns;
@@ -336,7 +338,7 @@ void linear_blocks(const float* x, int64_t m, int64_t k, const W* weights, int64
       for (int64_t r = 0; r < m; r += tile_rows) {
         const int64_t n = std::min(tile_rows, m - r);
         if (n == 1) {
-          tiles[0](x + r * k, k, w, lines, block_bias, y + r * n_out + first, n_out, columns, ahead);
+          tiles[1](x + r * k, k, w, lines, block_bias, y + r * n_out + first, n_out, columns, ahead);
           ahead = nullptr;
           continue;
         }
@@ -356,12 +358,12 @@ void linear_rows(const at::BFloat16* x, int64_t m, const at::Tensor& packed, con
   std::vector<float> widened(m * k);  // the activations in fp32 once, broadcast from there
   for (int64_t i = 0; i < m * k; i += kLanes) Simd::store(&widened[i], m * k - i, Simd::load(x + i, m * k - i));
   linear_blocks(widened.data(), m, k, reinterpret_cast<const uint32_t*>(packed.data_ptr<at::BFloat16>()), pairs,
-                packed.size(0), bias, n_out, y, kTiles, kTileRows);
+                packed.size(0), bias, n_out, y, kTiles);
 }
 
 void linear_rows(const float* x, int64_t m, const at::Tensor& packed, const float* bias, int64_t n_out, float* y) {
   linear_blocks(x, m, packed.size(1), packed.data_ptr<float>(), packed.size(1), packed.size(0), bias, n_out, y,
-                kTilesF32, kTileRowsF32);
+                kTilesF32);
 }
 #endif
 
@@ -784,18 +786,23 @@ at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions,
   return logits;
 }
 
+// Runs fn(T{}) for the weights' element type T (bf16 or fp32), which the RoPE tables must share.
+template <typename Fn>
+at::Tensor by_weight_dtype(const char* op, const at::Tensor& weight, const at::Tensor& cos, const Fn& fn) {
+  const auto dtype = weight.scalar_type();
+  TORCH_CHECK((dtype == at::kBFloat16 || dtype == at::kFloat) && cos.scalar_type() == dtype, op,
+              ": bf16 or fp32 weights and RoPE tables of the same dtype");
+  return dtype == at::kBFloat16 ? fn(at::BFloat16{}) : fn(float{});
+}
+
 at::Tensor forward(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,
                    const at::Tensor& mask, const at::Tensor& cos, const at::Tensor& signed_sin, at::TensorList keys,
                    at::TensorList values, at::TensorList weights, int64_t n_layers, int64_t n_head, int64_t n_kv,
                    int64_t head_dim, int64_t intermediate, int64_t vocab, double eps) {
-  const auto dtype = weights[0].scalar_type();
-  TORCH_CHECK((dtype == at::kBFloat16 || dtype == at::kFloat) && cos.scalar_type() == dtype,
-              "forward: bf16 or fp32 weights and RoPE tables of the same dtype");
-  return dtype == at::kBFloat16
-             ? forward_native<at::BFloat16>(tokens, positions, slots, mask, cos, signed_sin, keys, values, weights,
-                                            n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps)
-             : forward_native<float>(tokens, positions, slots, mask, cos, signed_sin, keys, values, weights, n_layers,
-                                     n_head, n_kv, head_dim, intermediate, vocab, eps);
+  return by_weight_dtype("forward", weights[0], cos, [&](auto element) {
+    return forward_native<decltype(element)>(tokens, positions, slots, mask, cos, signed_sin, keys, values, weights,
+                                             n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps);
+  });
 }
 
 // quickdraft::draft_greedy: a draft model's whole greedy proposal in one call. Feeds tokens [1, T]
@@ -841,14 +848,10 @@ at::Tensor draft_greedy(const at::Tensor& tokens, int64_t start, int64_t k, int6
                         const at::Tensor& signed_sin, at::TensorList keys, at::TensorList values,
                         at::TensorList weights, int64_t n_layers, int64_t n_head, int64_t n_kv, int64_t head_dim,
                         int64_t intermediate, int64_t vocab, double eps) {
-  const auto dtype = weights[0].scalar_type();
-  TORCH_CHECK((dtype == at::kBFloat16 || dtype == at::kFloat) && cos.scalar_type() == dtype,
-              "draft_greedy: bf16 or fp32 weights and RoPE tables of the same dtype");
-  return dtype == at::kBFloat16
-             ? draft_greedy_native<at::BFloat16>(tokens, start, k, vocab_limit, cos, signed_sin, keys, values, weights,
-                                                 n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps)
-             : draft_greedy_native<float>(tokens, start, k, vocab_limit, cos, signed_sin, keys, values, weights,
-                                          n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps);
+  return by_weight_dtype("draft_greedy", weights[0], cos, [&](auto element) {
+    return draft_greedy_native<decltype(element)>(tokens, start, k, vocab_limit, cos, signed_sin, keys, values,
+                                                  weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps);
+  });
 }
 
 }  // namespace

@@ -71,38 +71,34 @@ class NativeForward:
                 and all(packed(layer) is not None for layer in (block.attn.qkv, block.attn.out, block.mlp.up,
                                                                 block.mlp.down)))
 
+    def _cache_inputs(self, cache: KVCache, batch: int, positions_end: int) -> tuple[torch.Tensor, ...]:
+        """The RoPE tables, covering positions [0, positions_end), and the keys and values of the
+        cache's first ``batch`` entries, as the kernels take them."""
+        model = self.model
+        model._rope(torch.zeros(1, dtype=torch.long, device=model.device), positions_end)
+        assert model._rope_table is not None
+        cos, signed_sin = model._rope_table
+        return cos, signed_sin, [k[:batch] for k in cache.keys], [v[:batch] for v in cache.values]
+
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
                  cache: KVCache, n_layers: int | None = None) -> torch.Tensor:
         """tokens, positions (RoPE), slots (cache slot per row): [B, T] on the first B cache entries;
         mask [B or 1, T, W] bool over cache slots [0, W) -> logits [B, T, vocab]."""
-        model = self.model
-        model._rope(positions.reshape(-1)[:1], int(positions.max()) + 1)  # the tables cover every position
-        assert model._rope_table is not None
-        cos, signed_sin = model._rope_table
-        batch = tokens.shape[0]
-        keys = [k[:batch] for k in cache.keys]
-        values = [v[:batch] for v in cache.values]
-        n_head, n_kv, head_dim, intermediate, vocab = self.shape
         return kernels.forward(
-            tokens.contiguous(), positions.contiguous(), slots.contiguous(), mask.contiguous(), cos, signed_sin,
-            keys, values, self.weights, model.config.n_layer if n_layers is None else n_layers,
-            n_head, n_kv, head_dim, intermediate, vocab, self.eps)
+            tokens.contiguous(), positions.contiguous(), slots.contiguous(), mask.contiguous(),
+            *self._cache_inputs(cache, tokens.shape[0], int(positions.max()) + 1), self.weights,
+            self.model.config.n_layer if n_layers is None else n_layers, *self.shape, self.eps)
 
     def draft_greedy(self, tokens: list[int], k: int, vocab_limit: int, cache: KVCache) -> list[int]:
         """Feed ``tokens`` after the cache's ``length`` tokens, then draft k tokens greedily (each
         the first maximum of its logits below ``vocab_limit``), all in one C++ call: the same
         forwards as feeding them one by one, without Python between the steps. The cache's length
         is left to the caller: it then holds ``length + len(tokens) + k - 1`` tokens."""
-        model = self.model
         start = cache.length
         if start + len(tokens) + k - 1 > cache.capacity:
             raise ValueError(f"drafting {k} tokens after {start + len(tokens)} exceeds the cache capacity {cache.capacity}")
-        model._rope(torch.zeros(1, dtype=torch.long), start + len(tokens) + k)  # the tables cover every position
-        assert model._rope_table is not None
-        cos, signed_sin = model._rope_table
-        n_head, n_kv, head_dim, intermediate, vocab = self.shape
         drafted = kernels.draft_greedy(
-            torch.tensor([tokens], dtype=torch.long), start, k, vocab_limit, cos, signed_sin,
-            [k_[:1] for k_ in cache.keys], [v[:1] for v in cache.values], self.weights, model.config.n_layer,
-            n_head, n_kv, head_dim, intermediate, vocab, self.eps)
+            torch.tensor([tokens], dtype=torch.long), start, k, vocab_limit,
+            *self._cache_inputs(cache, 1, start + len(tokens) + k), self.weights, self.model.config.n_layer,
+            *self.shape, self.eps)
         return drafted.tolist()
