@@ -42,7 +42,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from quickdraft.sampling import SamplingParams
+from quickdraft.sampling import SamplingParams, sample
 
 _MASK64 = (1 << 64) - 1
 
@@ -99,7 +99,7 @@ class MultinomialSampler(TokenSampler):
         self.generator = torch.Generator().manual_seed(seed)
 
     def draw(self, probs: torch.Tensor, position: int) -> int:
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        return sample(probs, self.generator)
 
 
 class CoupledSampler(TokenSampler):

@@ -107,8 +107,13 @@ def grouped_probabilities(logits: list[torch.Tensor], params: list[SamplingParam
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One token from a probability vector [vocab]."""
-    return int(torch.multinomial(probs, 1, generator=generator))
+    """One token from a probability vector [vocab] (unnormalised is fine), by the inverse CDF of one
+    uniform from ``generator``: a quarter of ``torch.multinomial``'s cost on a short row (15 vs 55
+    µs here), which every sampled draft and verification pays. The sums are in fp64, so
+    u · total < total and the token found is one with mass: cum[i] > x >= cum[i - 1] means p_i > 0."""
+    u = float(torch.rand((), generator=generator))
+    cumulative = probs.double().cumsum(-1)
+    return int(torch.searchsorted(cumulative, cumulative[-1:] * u, right=True))
 
 
 def top_probability(logits: torch.Tensor) -> float:
