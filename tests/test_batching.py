@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from quickdraft import Engine, SamplingParams
+import quickdraft.batch.prefill as prefill_module
+from quickdraft.batch.prefill import PrefillChunk, prefill_groups
 from quickdraft.batch.scheduler import BatchScheduler
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.loader import load_model
@@ -63,6 +65,39 @@ def test_batched_greedy_output_equals_each_request_decoded_alone(engines, drafte
     plain = [r.token_ids for r in engine.generate_batch([p for p, _, _ in jobs[:6]], 30, gamma=0, max_batch=16)]
     spec = [r.token_ids for r in engine.generate_batch([p for p, _, _ in jobs[:6]], 30, gamma=4, max_batch=16)]
     assert spec == plain
+
+
+def test_requests_that_join_together_are_prefilled_together_and_keep_their_alone_output(engines, monkeypatch):
+    """18 prompts submitted at once share grouped prefill forwards (exact mode groups them where
+    the rows are invariant: the native forward); each output is still its lone decoding's."""
+    engine = engines["related"]
+    prompts = mixed_prompts(18)
+    alone = [engine.generate_batch([p], 12, max_batch=16)[0].token_ids for p in prompts]
+    group_sizes: list[int] = []
+
+    def recording(*args, **kwargs):
+        groups = prefill_groups(*args, **kwargs)
+        group_sizes.extend(len(g) for g in groups)
+        return groups
+
+    monkeypatch.setattr(prefill_module, "prefill_groups", recording)
+    scheduler = engine.batch_scheduler(16)
+    requests = [scheduler.submit(p, 12) for p in prompts]
+    results = {id(r): e.result for r, e in scheduler.run() if e.result is not None}
+    assert [results[id(r)].token_ids for r in requests] == alone
+    if scheduler.model.native is not None:  # exact mode groups on the native forward
+        assert max(group_sizes) > 1
+
+
+def test_prefill_groups_are_runs_of_consecutive_slots_with_bounded_padding():
+    chunks = [PrefillChunk(slot, [1] * n, 0) for slot, n in [(0, 10), (1, 12), (2, 9), (4, 10), (5, 80), (6, 3)]]
+    groups = prefill_groups(chunks, max_rows=1024, max_chunk=64, capacity=256)
+    assert [[c.slot for c in g] for g in groups] == [[0, 1, 2], [4], [5], [6]]  # a gap; 80 > max_chunk
+    assert [[c.slot for c in g] for g in prefill_groups(chunks, 1, 64, 256)] == [[0], [1], [2], [4], [5], [6]]
+    lopsided = [PrefillChunk(0, [1] * 200, 0), PrefillChunk(1, [1] * 2, 0), PrefillChunk(2, [1] * 2, 0)]
+    assert len(prefill_groups(lopsided, 1024, 1024, 512)) == 2  # 3 x 200 rows for 204 real ones: too much padding
+    near_end = [PrefillChunk(0, [1] * 20, 0), PrefillChunk(1, [1] * 2, 250)]
+    assert len(prefill_groups(near_end, 1024, 1024, 256)) == 2  # padding would run past the cache
 
 
 def test_seeded_sampling_is_the_same_with_and_without_neighbours(engines):

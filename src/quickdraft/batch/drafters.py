@@ -17,6 +17,7 @@ from quickdraft.drafters.base import Draft, Drafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.early_exit import EarlyExitDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
+from quickdraft.batch.prefill import PrefillChunk, prefill
 from quickdraft.batch.shapes import scratch_positions, window_bucket
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.compiled import CompiledSteps
@@ -37,12 +38,15 @@ class DraftRequest:
     sampler: TokenSampler
 
 
+DRAFT_PREFILL_ROWS = 1024  # rows of one grouped prefill forward of the draft model
+
+
 class BatchDrafter(ABC):
     name: str = "drafter"
     model_calls_per_token = 1  # forwards per drafted position (0: no model)
 
-    def begin(self, slot: int, prompt_ids: list[int]) -> None:
-        """A sequence was admitted into ``slot``."""
+    def begin(self, admitted: list[tuple[int, list[int]]]) -> None:
+        """Sequences were admitted: (slot, prompt ids) each."""
 
     @abstractmethod
     def propose(self, requests: list[DraftRequest], n_slots: int) -> list[Draft]:
@@ -153,10 +157,11 @@ class BatchedDraftModel(_ModelDrafter):
         self.alone_steps.prepare(self.cache.entry(0))  # graphs built now, on an entry that holds nothing yet
 
     @torch.inference_mode()
-    def begin(self, slot: int, prompt_ids: list[int]) -> None:
-        if len(prompt_ids) > 1:
-            self.model(torch.tensor([prompt_ids[:-1]]), 0, self.cache.entry(slot))
-        self.length[slot] = len(prompt_ids) - 1
+    def begin(self, admitted: list[tuple[int, list[int]]]) -> None:
+        chunks = [PrefillChunk(slot, prompt_ids[:-1], 0) for slot, prompt_ids in admitted if len(prompt_ids) > 1]
+        prefill(self.model, self.cache, chunks, DRAFT_PREFILL_ROWS, DRAFT_PREFILL_ROWS)  # drafts need no invariance
+        for slot, prompt_ids in admitted:
+            self.length[slot] = len(prompt_ids) - 1
 
     def _first_rows(self, request: DraftRequest) -> tuple[list[int], int]:
         start = self.length[request.slot]
@@ -217,8 +222,9 @@ class BatchedPromptLookup(BatchDrafter):
         self.template = drafter
         self.per_slot: list[PromptLookupDrafter | None] = [None] * max_batch
 
-    def begin(self, slot: int, prompt_ids: list[int]) -> None:
-        self.per_slot[slot] = PromptLookupDrafter(self.template.max_ngram, self.template.min_ngram)
+    def begin(self, admitted: list[tuple[int, list[int]]]) -> None:
+        for slot, _ in admitted:
+            self.per_slot[slot] = PromptLookupDrafter(self.template.max_ngram, self.template.min_ngram)
 
     def propose(self, requests: list[DraftRequest], n_slots: int) -> list[Draft]:
         out = []

@@ -36,11 +36,14 @@ from dataclasses import dataclass, field
 import torch
 
 from quickdraft.batch.drafters import BatchDrafter, DraftRequest, batch_drafter
+from quickdraft.batch.prefill import PrefillChunk, prefill
 from quickdraft.batch.shapes import (MIN_WINDOW, all_shapes, invariant_shapes, row_bucket, scratch_positions,
                                      slot_bucket, window_bucket)
 from quickdraft.drafters.base import Draft
 from quickdraft.engine import Engine, GammaController
 from quickdraft.errors import QuickdraftError
+from quickdraft.model.native import NATIVE_MAX_ROWS
+from quickdraft.model.transformer import KERNEL_ATTENTION_ROWS
 from quickdraft.output import RequestOutput, StreamEvent
 from quickdraft.randomness import TokenSampler, sampler_for
 from quickdraft.sampling import GREEDY, SamplingParams, grouped_probabilities
@@ -51,6 +54,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH = 16
 DEFAULT_PREFILL_CHUNK = 512
+PREFILL_GROUP_ROWS = 1024  # rows of one grouped prefill forward outside exact mode
 # A sequence whose drafts are rejected this often stops drafting (it still advances one token a
 # step inside the batch); it tries a 1-token draft every RETRY_EVERY steps in case the text changed.
 MIN_ALPHA = 0.15
@@ -195,28 +199,47 @@ class BatchScheduler:
             self.active.append(request)
 
     def _prefill_some(self) -> None:
-        """Prefill admitted prompts in admission order until ``prefill_chunk`` tokens are spent."""
+        """Prefill admitted prompts in admission order until ``prefill_chunk`` tokens are spent,
+        as few forwards as the chunks allow (``batch.prefill``)."""
+        start = time.perf_counter()
         budget = self.prefill_chunk
+        chunks: list[tuple[BatchRequest, PrefillChunk]] = []
         for request in [r for r in self.active if not r.ready]:
             if budget <= 0:
                 break
-            budget -= max(1, self._prefill(request, budget))
+            assert request.slot is not None
+            body = request.prompt_ids[:-1]  # the last prompt token is fed with the first draft
+            chunk = body[request.prefilled: request.prefilled + budget]
+            chunks.append((request, PrefillChunk(request.slot, chunk, request.prefilled)))
+            budget -= max(1, len(chunk))
+        if not chunks:
+            return
+        max_rows, max_chunk = self._prefill_grouping
+        prefill(self.model, self.cache, [c for _, c in chunks if c.tokens], max_rows, max_chunk)
+        ready = []
+        for request, chunk in chunks:
+            request.prefilled += len(chunk.tokens)
+            if request.prefilled >= len(request.prompt_ids) - 1:
+                request.ready = True
+                ready.append(request)
+        if self.drafter is not None and ready:
+            self.drafter.begin([(r.slot, r.prompt_ids) for r in ready if r.slot is not None])
+        seconds = time.perf_counter() - start
+        fed = sum(max(1, len(c.tokens)) for _, c in chunks)
+        for request, chunk in chunks:
+            request.stats.prefill_seconds += seconds * max(1, len(chunk.tokens)) / fed
 
-    def _prefill(self, request: BatchRequest, limit: int) -> int:
-        """Up to ``limit`` more tokens of ``request``'s prompt into its cache; returns how many."""
-        assert request.slot is not None
-        start = time.perf_counter()
-        body = request.prompt_ids[:-1]  # the last prompt token is fed with the first draft
-        chunk = body[request.prefilled: request.prefilled + limit]
-        if chunk:
-            self.model(torch.tensor([chunk]), request.prefilled, self.cache.entry(request.slot))
-            request.prefilled += len(chunk)
-        if request.prefilled >= len(body):
-            if self.drafter is not None:
-                self.drafter.begin(request.slot, request.prompt_ids)
-            request.ready = True
-        request.stats.prefill_seconds += time.perf_counter() - start
-        return len(chunk)
+    @property
+    def _prefill_grouping(self) -> tuple[int, int]:
+        """(rows per grouped prefill forward, longest chunk grouped). Exact mode groups only what
+        gives the rows the bits of a lone prefill: the native forward's (row-invariant by
+        construction, and a lone chunk of <= KERNEL_ATTENTION_ROWS rows takes it too); on other
+        paths every chunk goes alone."""
+        if not self.engine.exact:
+            return PREFILL_GROUP_ROWS, PREFILL_GROUP_ROWS
+        if self.model.native is not None:
+            return NATIVE_MAX_ROWS, KERNEL_ATTENTION_ROWS
+        return 1, 0
 
     # ---- one decode step ------------------------------------------------------------------------
     def _shape(self, rows: int, needed: int) -> tuple[int, int, int]:

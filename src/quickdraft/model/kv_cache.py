@@ -53,6 +53,10 @@ class KVCache:
         """A view of batch entries [0, n) (shares storage; no copy): a batched step over n sequences."""
         return self._view(slice(0, n))
 
+    def entries(self, start: int, stop: int) -> KVCache:
+        """A view of batch entries [start, stop) (shares storage): a prefill of consecutive slots."""
+        return self._view(slice(start, stop))
+
     def entry(self, b: int) -> KVCache:
         """A batch-1 view of entry b (shares storage): prefill of one sequence of a batch."""
         return self._view(slice(b, b + 1))
