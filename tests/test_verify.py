@@ -6,7 +6,9 @@ import numpy as np
 import torch
 from scipy.stats import chisquare
 
-from quickdraft.verify import verify_greedy, verify_sampling
+from quickdraft.randomness import draw_batch, sampler_for
+from quickdraft.sampling import SamplingParams, probabilities
+from quickdraft.verify import verify_batch, verify_greedy, verify_sampling, verify_step
 
 VOCAB = 6
 TRIALS = 40_000
@@ -80,3 +82,37 @@ def test_grouped_probabilities_equal_each_sequence_alone_bit_for_bit():
     for x, p, q in zip(logits, params, grouped_probabilities(logits, params)):
         assert q.shape == x.shape
         assert torch.equal(q, probabilities(x, p))
+
+
+def test_a_batch_verifies_each_sequence_as_it_is_verified_alone():
+    """verify_batch (the batch scheduler's one call per rule) gives every sequence the verdict
+    verify_step gives it alone, with the same generator state afterwards, for greedy, coupled and
+    rejection-sampled sequences, drafts with q and point masses, of different lengths, mixed."""
+    g = torch.Generator().manual_seed(5)
+    rules = ["greedy", "coupled", "rejection", "rejection-point"]
+    cases = []
+    for i in range(24):
+        rule, k = rules[i % 4], i % 5
+        sampling = SamplingParams() if rule == "greedy" else SamplingParams(0.9, seed=i, rule=rule.split("-")[0])
+        logits = torch.randn(k + 1, VOCAB, generator=g) * 2
+        q = None if rule == "rejection-point" or k == 0 else torch.softmax(torch.randn(k, VOCAB, generator=g), -1)
+        draft = logits[:k].argmax(-1).tolist()  # likely tokens, and one random one: many acceptance lengths
+        if k:
+            draft[-1] = int(torch.randint(0, VOCAB, (), generator=g))
+        cases.append((draft, q, logits, None if sampling.greedy else probabilities(logits, sampling), sampling, 10 + i))
+    alone_samplers = [sampler_for(c[4]) for c in cases]
+    batch_samplers = [sampler_for(c[4]) for c in cases]
+    alone = [verify_step(d, q, lg, p, s, sampler, pos) for (d, q, lg, p, s, pos), sampler in zip(cases, alone_samplers)]
+    together = verify_batch(*[list(column) for column in zip(*cases)][:5], batch_samplers, [c[5] for c in cases])
+    assert together == alone
+    assert len({n for n, _ in alone}) > 2  # the cases reach different acceptance lengths
+    for a, b, case in zip(alone_samplers, batch_samplers, cases):  # both consumed the same randomness
+        if not case[4].greedy and not a.coupled:
+            assert torch.equal(a.generator.get_state(), b.generator.get_state())
+
+
+def test_draws_in_a_batch_are_each_samplers_own_draws():
+    probs = torch.softmax(torch.randn(10, 40, generator=torch.Generator().manual_seed(1)), -1)
+    params = [SamplingParams(1.0, seed=i, rule="coupled" if i % 2 else "rejection") for i in range(10)]
+    alone = [sampler_for(s).draw(p, 7 + i) for i, (s, p) in enumerate(zip(params, probs))]
+    assert draw_batch([sampler_for(s) for s in params], probs, [7 + i for i in range(10)]) == alone

@@ -42,7 +42,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from quickdraft.sampling import SamplingParams, sample
+from quickdraft.sampling import SamplingParams, inverse_cdf, sample
 
 _MASK64 = (1 << 64) - 1
 
@@ -132,6 +132,25 @@ class CoupledSampler(TokenSampler):
     def forget_before(self, position: int) -> None:
         for stale in [p for p in self._noise if p < position]:
             del self._noise[stale]
+
+
+def draw_batch(samplers: list[TokenSampler], probs: torch.Tensor, positions: list[int]) -> list[int]:
+    """``samplers[i].draw(probs[i], positions[i])`` for every i, as few tensor calls as the rules
+    allow: one race over the coupled rows, one inverse CDF over the others (each still drawing its
+    uniform from its own generator, in its own order). Every token equals the one-at-a-time draw."""
+    tokens = [0] * len(samplers)
+    coupled = [i for i, s in enumerate(samplers) if s.coupled]
+    others = [i for i, s in enumerate(samplers) if not s.coupled]
+    vocab = probs.shape[-1]
+    if coupled:
+        noise = torch.stack([samplers[i].noise(positions[i], vocab) for i in coupled])  # type: ignore[attr-defined]
+        for i, token in zip(coupled, (probs[coupled].float() / noise.to(probs.device)).argmax(-1).tolist()):
+            tokens[i] = token
+    if others:
+        u = torch.cat([torch.rand(1, generator=samplers[i].generator) for i in others])  # type: ignore[attr-defined]
+        for i, token in zip(others, inverse_cdf(probs[others], u.to(probs.device)).tolist()):
+            tokens[i] = token
+    return tokens
 
 
 def sampler_for(sampling: SamplingParams) -> TokenSampler:

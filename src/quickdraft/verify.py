@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from quickdraft.randomness import MultinomialSampler, TokenSampler
-from quickdraft.sampling import SamplingParams, greedy_tokens, sample
+from quickdraft.randomness import MultinomialSampler, TokenSampler, draw_batch
+from quickdraft.sampling import SamplingParams, greedy_tokens, inverse_cdf, sample
 from quickdraft.tree import ROOT, TokenTree
 
 
@@ -37,15 +37,18 @@ def verify_sampling(
     generator: torch.Generator | None,
 ) -> tuple[int, int]:
     """draft: γ tokens; q: [γ, vocab] the drafter's distributions (None: point masses);
-    p: [γ + 1, vocab] the target's distributions. Returns (accepted count, next token)."""
+    p: [γ + 1, vocab] the target's distributions. Returns (accepted count, next token).
+
+    The γ + 1 uniforms are drawn at once: γ acceptance tests, then the final token's (inverse
+    CDF). ``verify_sampling_batch`` computes the same, for many sequences at once."""
     k = len(draft)
+    u = torch.rand(k + 1, generator=generator).to(p.device)
     if k:
-        idx = torch.tensor(draft)
-        rows = torch.arange(k)
+        idx = torch.tensor(draft, device=p.device)
+        rows = torch.arange(k, device=p.device)
         p_x = p[rows, idx]
-        q_x = q[rows, idx] if q is not None else torch.ones(k)
-        u = torch.rand(k, generator=generator)
-        rejected = (u * q_x >= p_x).nonzero()  # accept iff u < p/q
+        q_x = q[rows, idx] if q is not None else torch.ones(k, device=p.device)
+        rejected = (u[:k] * q_x >= p_x).nonzero()  # accept iff u < p/q
         if len(rejected):
             i = int(rejected[0])
             if q is not None:
@@ -53,11 +56,50 @@ def verify_sampling(
             else:
                 residual = p[i].clone()
                 residual[draft[i]] = 0
-            total = residual.sum()
-            # total == 0 only when p_i <= q_i everywhere with p_i(x) < q_i(x), impossible for normalised
-            # p and q; guard against rounding by falling back to p itself.
-            return i, sample(residual / total if total > 0 else p[i], generator)
-    return k, sample(p[k], generator)
+            # residual == 0 only when p_i <= q_i everywhere with p_i(x) < q_i(x), impossible for
+            # normalised p and q; guard against rounding by falling back to p itself.
+            return i, int(inverse_cdf(residual if residual.sum() > 0 else p[i], u[k]))
+    return k, int(inverse_cdf(p[k], u[k]))
+
+
+def verify_sampling_batch(
+    drafts: list[list[int]],
+    qs: list[torch.Tensor | None],
+    ps: list[torch.Tensor],
+    generators: list[torch.Generator | None],
+) -> list[tuple[int, int]]:
+    """``verify_sampling`` for many sequences in one set of tensor calls (padded to the longest
+    draft). Each sequence draws γ + 1 uniforms from its own generator (its acceptance tests', then
+    its final token's), and every row is computed alone, so a sequence's result does not depend on
+    the others. A point-mass draft is q = one-hot(x): the acceptance test is u < p(x), and the
+    residual max(0, p − one-hot(x)) is p without x (p <= 1)."""
+    batch, longest, vocab = len(drafts), max(len(d) for d in drafts), ps[0].shape[-1]
+    device = ps[0].device
+    lengths = torch.tensor([len(d) for d in drafts], device=device)
+    rows = torch.arange(batch, device=device)
+    u = torch.nn.utils.rnn.pad_sequence([torch.rand(len(d) + 1, generator=g) for d, g in zip(drafts, generators)],
+                                        batch_first=True, padding_value=1.0).to(device)
+    accept_u, final_u = u[:, :longest], u[rows, lengths]
+    p = torch.nn.utils.rnn.pad_sequence(list(ps), batch_first=True)  # [B, longest + 1, vocab]
+    q = torch.zeros(batch, longest + 1, vocab, device=device)
+    drafted = [(b, q_b) for b, q_b in enumerate(qs) if drafts[b] and q_b is not None]
+    if drafted:
+        padded = torch.nn.utils.rnn.pad_sequence([q_b for _, q_b in drafted], batch_first=True)
+        q[[b for b, _ in drafted], : padded.shape[1]] = padded.to(q)
+    point = [(b, i, x) for b, q_b in enumerate(qs) if q_b is None for i, x in enumerate(drafts[b])]
+    if point:
+        q[[b for b, _, _ in point], [i for _, i, _ in point], [x for _, _, x in point]] = 1.0
+    index = torch.tensor([d + [0] * (longest - len(d)) for d in drafts], device=device)[..., None]
+    p_x = p[:, :longest].gather(2, index)[..., 0]
+    q_x = q[:, :longest].gather(2, index)[..., 0]
+    rejected = (accept_u * q_x >= p_x) & (torch.arange(longest, device=device) < lengths[:, None])  # accept iff u < p/q
+    first = torch.where(rejected.any(1), rejected.int().argmax(1), lengths) if longest else lengths  # first rejection, or γ
+    p_at = p[rows, first]
+    # After full acceptance q's row is the zero padding and the residual is p_γ itself (the bonus).
+    residual = (p_at - q[rows, first]).clamp_(min=0)
+    weights = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_at)
+    tokens = inverse_cdf(weights, final_u)
+    return list(zip(first.tolist(), tokens.tolist()))
 
 
 def verify_step(
@@ -80,6 +122,43 @@ def verify_step(
         return verify_greedy(draft, sampler.draw_rows(p, first_position))
     assert isinstance(sampler, MultinomialSampler)
     return verify_sampling(draft, q, p, sampler.generator)
+
+
+def verify_batch(
+    drafts: list[list[int]],
+    qs: list[torch.Tensor | None],
+    logits: list[torch.Tensor],
+    ps: list[torch.Tensor | None],
+    samplings: list[SamplingParams],
+    samplers: list[TokenSampler],
+    first_positions: list[int],
+) -> list[tuple[int, int]]:
+    """``verify_step`` for every sequence of a batched step, one set of tensor calls per rule
+    (greedy argmax, the coupled race, rejection sampling) instead of one per sequence. Each row is
+    computed alone: a sequence's result is the one ``verify_step`` gives it by itself."""
+    out: list[tuple[int, int]] = [(0, 0)] * len(drafts)
+    greedy = [i for i, s in enumerate(samplings) if s.greedy]
+    coupled = [i for i, s in enumerate(samplings) if not s.greedy and samplers[i].coupled]
+    rejection = [i for i, s in enumerate(samplings) if not s.greedy and not samplers[i].coupled]
+    if greedy:
+        argmax = greedy_tokens(torch.cat([logits[i] for i in greedy])).tolist()
+        for i in greedy:
+            rows, argmax = argmax[: len(drafts[i]) + 1], argmax[len(drafts[i]) + 1:]
+            out[i] = verify_greedy(drafts[i], rows)
+    if coupled:
+        row_samplers = [samplers[i] for i in coupled for _ in range(len(drafts[i]) + 1)]
+        positions = [first_positions[i] + r for i in coupled for r in range(len(drafts[i]) + 1)]
+        drawn = draw_batch(row_samplers, torch.cat([ps[i] for i in coupled]), positions)  # type: ignore[misc]
+        for i in coupled:
+            rows, drawn = drawn[: len(drafts[i]) + 1], drawn[len(drafts[i]) + 1:]
+            out[i] = verify_greedy(drafts[i], rows)
+    if rejection:
+        results = verify_sampling_batch([drafts[i] for i in rejection], [qs[i] for i in rejection],
+                                        [ps[i] for i in rejection],  # type: ignore[misc]
+                                        [samplers[i].generator for i in rejection])  # type: ignore[attr-defined]
+        for i, result in zip(rejection, results):
+            out[i] = result
+    return out
 
 
 def verify_tree(

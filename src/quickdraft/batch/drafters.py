@@ -23,7 +23,7 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.model.compiled import CompiledSteps
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.transformer import Transformer
-from quickdraft.randomness import TokenSampler
+from quickdraft.randomness import TokenSampler, draw_batch
 from quickdraft.sampling import SamplingParams, greedy_tokens, grouped_probabilities
 
 
@@ -105,11 +105,14 @@ class _ModelDrafter(BatchDrafter):
             greedy = [r for r in drawing if r.sampling.greedy]
             argmax = dict(zip((r.slot for r in greedy),
                               greedy_tokens(torch.stack([current[r.slot] for r in greedy])).tolist() if greedy else []))
+            drawn = dict(zip((r.slot for r in sampled),
+                             draw_batch([r.sampler for r in sampled], torch.stack([q_of[r.slot] for r in sampled]),
+                                        [len(r.tokens) + i for r in sampled]) if sampled else []))
             for r in drawing:
                 if r.sampling.greedy:
                     token = argmax[r.slot]
                 else:
-                    token = r.sampler.draw(q_of[r.slot], len(r.tokens) + i)
+                    token = drawn[r.slot]
                     qs[r.slot].append(q_of[r.slot])
                 drafted[r.slot].append(token)
                 if i < r.k - 1:

@@ -48,7 +48,7 @@ from quickdraft.output import RequestOutput, StreamEvent
 from quickdraft.randomness import TokenSampler, sampler_for
 from quickdraft.sampling import GREEDY, SamplingParams, grouped_probabilities
 from quickdraft.stats import GenerationStats
-from quickdraft.verify import verify_step
+from quickdraft.verify import verify_batch
 
 log = logging.getLogger(__name__)
 
@@ -334,10 +334,11 @@ class BatchScheduler:
         n_slots, rows, window = shape
         tokens = torch.zeros(n_slots, rows, dtype=torch.long)
         positions = scratch_positions(self.capacity, rows, n_slots)
-        for r, d in zip(ready, drafts):
-            start = len(r.tokens) - 1
-            tokens[r.slot, : 1 + len(d.tokens)] = torch.tensor([r.tokens[-1], *d.tokens])
-            positions[r.slot] = torch.arange(start, start + rows)
+        # One tensor from Python lists per field: per-slot writes cost more than a small model's step.
+        index = torch.tensor([r.slot for r in ready])
+        tokens[index] = torch.tensor([[r.tokens[-1], *d.tokens] + [0] * (rows - 1 - len(d.tokens))
+                                      for r, d in zip(ready, drafts)])
+        positions[index] = torch.tensor([list(range(len(r.tokens) - 1, len(r.tokens) - 1 + rows)) for r in ready])
         t0 = time.perf_counter()
         logits = self.model.forward_batched(tokens, positions, self.cache.first(n_slots), window=window)
         target_seconds = time.perf_counter() - t0
@@ -347,18 +348,17 @@ class BatchScheduler:
         sampled = [i for i, r in enumerate(ready) if not r.sampling.greedy]
         probs = dict(zip(sampled, grouped_probabilities([row_logits[i] for i in sampled],
                                                         [ready[i].sampling for i in sampled])))
-        for i, (r, d) in enumerate(zip(ready, drafts)):
-            self._commit(r, d, row_logits[i], probs.get(i), target_seconds, drafter_seconds if d.tokens else 0.0,
-                         events)
+        verdicts = verify_batch([d.tokens for d in drafts], [d.q for d in drafts], row_logits,
+                                [probs.get(i) for i in range(len(ready))], [r.sampling for r in ready],
+                                [r.sampler for r in ready], [len(r.tokens) for r in ready])
+        for r, d, (n, nxt) in zip(ready, drafts, verdicts):
+            self._commit(r, d, n, nxt, target_seconds, drafter_seconds if d.tokens else 0.0, events)
         for r in [r for r in ready if r.output.done]:  # after every commit: leaving moves other slots
             self._finish(r, events)
 
-    def _commit(self, r: BatchRequest, draft: Draft, logits: torch.Tensor, p: torch.Tensor | None,
-                target_seconds: float, drafter_seconds: float,
+    def _commit(self, r: BatchRequest, draft: Draft, n: int, nxt: int, target_seconds: float, drafter_seconds: float,
                 events: list[tuple[BatchRequest, StreamEvent]]) -> None:
-        """Verify one sequence's draft against its rows: ``logits`` [1 + γ, vocab], and for a
-        sampled request ``p``, their probabilities under its parameters."""
-        n, nxt = verify_step(draft.tokens, draft.q, logits, p, r.sampling, r.sampler, len(r.tokens))
+        """Commit one sequence's verified step: ``n`` of its draft tokens, then ``nxt``."""
         new = [*draft.tokens[:n], nxt]
         r.tokens.extend(new)
         r.sampler.forget_before(len(r.tokens))
