@@ -157,6 +157,56 @@ def test_native_forwards_give_a_row_the_same_bits_alone_in_a_batch_and_in_a_tree
         assert torch.equal(tree, alone[9:])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_prefill_writes_the_forwards_cache_bits_without_computing_logits(dtype: torch.dtype, monkeypatch) -> None:
+    """prefill / prefill_batched skip the LM head (the native forward computes logits for none of
+    the rows, or for the last of each sequence in a greedy draft) and leave the same keys and
+    values as forwards of the same rows; a prompt longer than the native forward takes goes in
+    native chunks, never through the per-op path (whose LM head would run)."""
+    from quickdraft.model.config import ModelConfig
+    from quickdraft.model.transformer import KERNEL_ATTENTION_ROWS, Transformer
+
+    torch.manual_seed(2)
+    config = ModelConfig(model_type="llama", vocab_size=300, n_embd=96, n_layer=2, n_head=6, n_kv_head=2,
+                         head_dim=16, intermediate_size=160, block_size=256, norm_eps=1e-6, tie_word_embeddings=True)
+    model = Transformer(config).to(dtype).eval()
+    assert model.pack_products() and model.native is not None
+    head_calls = []  # the per-op path's LM head, and native forwards asked for logits
+    model.lm_head.register_forward_hook(lambda *args: head_calls.append("per-op"))
+    native_forward = kernels.forward
+
+    def recording(*args):
+        if args[-1] > 0:  # logits_rows
+            head_calls.append("native")
+        return native_forward(*args)
+
+    monkeypatch.setattr(kernels, "forward", recording)
+    with torch.inference_mode():
+        for length in (12, KERNEL_ATTENTION_ROWS + 20):  # one native call, then two
+            tokens = torch.randint(0, 300, (1, length))
+            forward_cache, prefill_cache = model.new_cache(128), model.new_cache(128)
+            for first in range(0, length, KERNEL_ATTENTION_ROWS):
+                model(tokens[:, first: first + KERNEL_ATTENTION_ROWS], first, forward_cache)
+            head_calls.clear()
+            model.prefill(tokens, 0, prefill_cache)
+            assert not head_calls
+            for a, b in zip((*forward_cache.keys, *forward_cache.values), (*prefill_cache.keys, *prefill_cache.values)):
+                assert torch.equal(a[:, :, :length], b[:, :, :length])
+        batch_forward, batch_prefill = model.new_cache(128, batch=2), model.new_cache(128, batch=2)
+        tokens, positions = torch.randint(0, 300, (2, 9)), torch.arange(9).repeat(2, 1)
+        full = model.forward_batched(tokens, positions, batch_forward)
+        head_calls.clear()
+        model.prefill_batched(tokens, positions, batch_prefill)
+        assert not head_calls
+        for a, b in zip((*batch_forward.keys, *batch_forward.values), (*batch_prefill.keys, *batch_prefill.values)):
+            assert torch.equal(a[:, :, :9], b[:, :, :9])
+        # the native op's last-rows logits are those rows of the full logits, bit for bit
+        native = model.native
+        mask = model._attention_mask(positions.reshape(-1), 128, False).view(2, 9, 128)
+        last = native(tokens, positions, positions, mask, model.new_cache(128, batch=2), logits_rows=3)
+        assert last.shape == (2, 3, 300) and torch.equal(last, full[:, 6:])
+
+
 def test_a_model_too_large_for_a_packed_copy_keeps_torchs_kernels(monkeypatch, caplog) -> None:
     from quickdraft import resources
     from quickdraft.model.config import ModelConfig

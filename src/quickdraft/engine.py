@@ -365,7 +365,7 @@ class Engine:
         # a draft, so even the first generated token can come from an accepted draft.
         start = time.perf_counter()
         if len(prompt_ids) > 1:
-            self._target_forward(prompt_ids[:-1], cache, pad_to=0)
+            self.model.prefill(torch.tensor([prompt_ids[:-1]], device=self.device), 0, cache)
         cache.set_length(len(prompt_ids) - 1)
         tokens = list(prompt_ids)
         stats.prefill_seconds = time.perf_counter() - start

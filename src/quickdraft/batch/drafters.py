@@ -17,7 +17,7 @@ from quickdraft.drafters.base import Draft, Drafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.early_exit import EarlyExitDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
-from quickdraft.batch.prefill import PrefillChunk, prefill
+from quickdraft.batch.prefill import PrefillChunk, grouping, prefill
 from quickdraft.batch.shapes import scratch_positions, window_bucket
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.compiled import CompiledSteps
@@ -36,9 +36,6 @@ class DraftRequest:
     k: int  # draft length for this sequence (0: none)
     sampling: SamplingParams
     sampler: TokenSampler
-
-
-DRAFT_PREFILL_ROWS = 1024  # rows of one grouped prefill forward of the draft model
 
 
 class BatchDrafter(ABC):
@@ -162,7 +159,7 @@ class BatchedDraftModel(_ModelDrafter):
     @torch.inference_mode()
     def begin(self, admitted: list[tuple[int, list[int]]]) -> None:
         chunks = [PrefillChunk(slot, prompt_ids[:-1], 0) for slot, prompt_ids in admitted if len(prompt_ids) > 1]
-        prefill(self.model, self.cache, chunks, DRAFT_PREFILL_ROWS, DRAFT_PREFILL_ROWS)  # drafts need no invariance
+        prefill(self.model, self.cache, chunks, *grouping(self.model, exact=False))  # drafts need no invariance
         for slot, prompt_ids in admitted:
             self.length[slot] = len(prompt_ids) - 1
 

@@ -17,9 +17,11 @@ import torch
 
 from quickdraft.batch.shapes import window_bucket
 from quickdraft.model.kv_cache import KVCache
-from quickdraft.model.transformer import Transformer
+from quickdraft.model.native import NATIVE_MAX_ROWS
+from quickdraft.model.transformer import KERNEL_ATTENTION_ROWS, Transformer
 
 WASTE_SLACK = 64  # padding rows a group may always carry, beyond the 2x bound
+GROUP_ROWS = 1024  # rows of one grouped prefill forward on the per-op path, outside exact mode
 
 
 @dataclass
@@ -50,16 +52,28 @@ def prefill_groups(chunks: list[PrefillChunk], max_rows: int, max_chunk: int, ca
     return groups
 
 
+def grouping(model: Transformer, exact: bool) -> tuple[int, int]:
+    """(rows per grouped prefill forward, longest chunk grouped): groups that the native forward
+    takes whole (its rows are invariant by construction, so exact mode may group them; a longer
+    prompt goes alone, in native chunks). Without it, exact mode prefills every chunk alone, and
+    other modes group up to GROUP_ROWS rows."""
+    if model.native is not None:
+        return NATIVE_MAX_ROWS, KERNEL_ATTENTION_ROWS
+    if not exact:
+        return GROUP_ROWS, GROUP_ROWS
+    return 1, 0
+
+
 def prefill(model: Transformer, cache: KVCache, chunks: list[PrefillChunk], max_rows: int, max_chunk: int) -> None:
     """Feed every chunk into its slot's cache entry (a lone chunk exactly as a single sequence's
-    prefill: ``model(tokens, start, entry)``)."""
+    prefill: ``model.prefill(tokens, start, entry)``). No logits are computed."""
     for group in prefill_groups(chunks, max_rows, max_chunk, cache.capacity):
         if len(group) == 1:
             c = group[0]
-            model(torch.tensor([c.tokens]), c.start, cache.entry(c.slot))
+            model.prefill(torch.tensor([c.tokens]), c.start, cache.entry(c.slot))
             continue
         width = max(len(c.tokens) for c in group)
         tokens = torch.tensor([c.tokens + [0] * (width - len(c.tokens)) for c in group])
         positions = torch.tensor([list(range(c.start, c.start + width)) for c in group])
         window = window_bucket(max(c.start for c in group) + width, cache.capacity)
-        model.forward_batched(tokens, positions, cache.entries(group[0].slot, group[-1].slot + 1), window=window)
+        model.prefill_batched(tokens, positions, cache.entries(group[0].slot, group[-1].slot + 1), window=window)

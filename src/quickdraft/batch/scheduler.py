@@ -36,14 +36,12 @@ from dataclasses import dataclass, field
 import torch
 
 from quickdraft.batch.drafters import BatchDrafter, DraftRequest, batch_drafter
-from quickdraft.batch.prefill import PrefillChunk, prefill
+from quickdraft.batch.prefill import PrefillChunk, grouping, prefill
 from quickdraft.batch.shapes import (MIN_WINDOW, all_shapes, invariant_shapes, row_bucket, scratch_positions,
                                      slot_bucket, window_bucket)
 from quickdraft.drafters.base import Draft
 from quickdraft.engine import Engine, GammaController
 from quickdraft.errors import QuickdraftError
-from quickdraft.model.native import NATIVE_MAX_ROWS
-from quickdraft.model.transformer import KERNEL_ATTENTION_ROWS
 from quickdraft.output import RequestOutput, StreamEvent
 from quickdraft.randomness import TokenSampler, sampler_for
 from quickdraft.sampling import GREEDY, SamplingParams, grouped_probabilities
@@ -54,7 +52,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH = 16
 DEFAULT_PREFILL_CHUNK = 512
-PREFILL_GROUP_ROWS = 1024  # rows of one grouped prefill forward outside exact mode
 # A sequence whose drafts are rejected this often stops drafting (it still advances one token a
 # step inside the batch); it tries a 1-token draft every RETRY_EVERY steps in case the text changed.
 MIN_ALPHA = 0.15
@@ -214,8 +211,7 @@ class BatchScheduler:
             budget -= max(1, len(chunk))
         if not chunks:
             return
-        max_rows, max_chunk = self._prefill_grouping
-        prefill(self.model, self.cache, [c for _, c in chunks if c.tokens], max_rows, max_chunk)
+        prefill(self.model, self.cache, [c for _, c in chunks if c.tokens], *grouping(self.model, self.engine.exact))
         ready = []
         for request, chunk in chunks:
             request.prefilled += len(chunk.tokens)
@@ -228,18 +224,6 @@ class BatchScheduler:
         fed = sum(max(1, len(c.tokens)) for _, c in chunks)
         for request, chunk in chunks:
             request.stats.prefill_seconds += seconds * max(1, len(chunk.tokens)) / fed
-
-    @property
-    def _prefill_grouping(self) -> tuple[int, int]:
-        """(rows per grouped prefill forward, longest chunk grouped). Exact mode groups only what
-        gives the rows the bits of a lone prefill: the native forward's (row-invariant by
-        construction, and a lone chunk of <= KERNEL_ATTENTION_ROWS rows takes it too); on other
-        paths every chunk goes alone."""
-        if not self.engine.exact:
-            return PREFILL_GROUP_ROWS, PREFILL_GROUP_ROWS
-        if self.model.native is not None:
-            return NATIVE_MAX_ROWS, KERNEL_ATTENTION_ROWS
-        return 1, 0
 
     # ---- one decode step ------------------------------------------------------------------------
     def _shape(self, rows: int, needed: int) -> tuple[int, int, int]:

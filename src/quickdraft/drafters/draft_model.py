@@ -18,6 +18,8 @@ from quickdraft.randomness import TokenSampler
 from quickdraft.sampling import SamplingParams
 from quickdraft.tree import TokenTree
 
+PREFILL_AFTER = 8  # a feed longer than this (the prompt) skips the LM head for all but its last token
+
 log = logging.getLogger(__name__)
 
 
@@ -83,7 +85,13 @@ class DraftModelDrafter(Drafter):
         self.vocab_limit = context.vocab_limit
 
     def _forward(self, tokens: list[int]) -> torch.Tensor:
+        """The logits after feeding ``tokens``; a long feed (the prompt) goes in as a prefill but for
+        its last token, so that the LM head runs for one row."""
         assert self.cache is not None
+        if len(tokens) > PREFILL_AFTER:
+            self.model.prefill(torch.tensor([tokens[:-1]], device=self.model.device), self.cache.length, self.cache)
+            self.cache.length += len(tokens) - 1
+            tokens = tokens[-1:]
         logits = self.steps.run(tokens, self.cache.length, self.cache)[-1, : self.vocab_limit]
         self.cache.length += len(tokens)
         return logits

@@ -186,11 +186,12 @@ def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
 def forward(tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
             cos: torch.Tensor, signed_sin: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
             weights: list[torch.Tensor], n_layers: int, n_head: int, n_kv: int, head_dim: int,
-            intermediate: int, vocab: int, eps: float) -> torch.Tensor:
+            intermediate: int, vocab: int, eps: float, logits_rows: int) -> torch.Tensor:
     """A Llama-family forward over a step's rows in one call, bf16 or fp32 after the weights' dtype
-    (see ``model/native.py``)."""
+    (see ``model/native.py``): -> logits of the last ``logits_rows`` rows of each sequence
+    [B, logits_rows, vocab] (0 for a prefill, which only writes the cache)."""
     return torch.ops.quickdraft.forward(tokens, positions, slots, mask, cos, signed_sin, keys, values, weights,
-                                        n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps)
+                                        n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, logits_rows)
 
 
 def draft_greedy(tokens: torch.Tensor, start: int, k: int, vocab_limit: int, cos: torch.Tensor,

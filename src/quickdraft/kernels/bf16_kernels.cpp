@@ -689,7 +689,7 @@ at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions,
                         const at::Tensor& mask, const at::Tensor& cos, const at::Tensor& signed_sin,
                         at::TensorList keys, at::TensorList values, at::TensorList weights, int64_t n_layers,
                         int64_t n_head, int64_t n_kv, int64_t head_dim, int64_t intermediate, int64_t vocab,
-                        double eps) {
+                        double eps, int64_t logits_rows) {
   constexpr int64_t kPerLayer = 7;
   const int64_t batch = tokens.size(0), t = tokens.size(1), m = batch * t;
   const at::Tensor& embed = weights[0];
@@ -697,8 +697,8 @@ at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions,
   const int64_t qkv_dim = q_dim + 2 * kv_dim, half = d / 2;
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == 1 + kPerLayer * static_cast<int64_t>(keys.size()) + 2,
               "forward: weights do not match the layers");
-  TORCH_CHECK(n_layers <= static_cast<int64_t>(keys.size()) && mask.size(1) == t && mask.size(2) <= keys[0].size(2),
-              "forward: shapes");
+  TORCH_CHECK(n_layers <= static_cast<int64_t>(keys.size()) && mask.size(1) == t && mask.size(2) <= keys[0].size(2) &&
+              logits_rows >= 0 && logits_rows <= t, "forward: shapes");
   TORCH_CHECK(tokens.is_contiguous() && positions.is_contiguous() && slots.is_contiguous() && mask.is_contiguous() &&
               cos.is_contiguous() && signed_sin.is_contiguous() && d % 2 == 0, "forward: layouts");
   const auto* tok = tokens.data_ptr<int64_t>();
@@ -778,11 +778,18 @@ at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions,
     linear_rows(hid, m, w[6], nullptr, e, proj);
     add_into_residual(proj);
   }
+  // The head only for the rows asked for (the last logits_rows of each sequence): a prefill needs
+  // none, and the head is the largest product of a small model (8,192 x 512 for the embedded one).
   const at::Tensor* tail = &weights[1 + kPerLayer * keys.size()];
-  rms_norm_rows(h, m, e, tail[0].data_ptr<T>(), static_cast<float>(eps), xn);
+  at::Tensor logits = at::empty({batch, logits_rows, vocab}, opts);
+  if (logits_rows == 0) return logits;
+  const int64_t kept = batch * logits_rows;
+  if (logits_rows < t)
+    for (int64_t b = 0; b < batch; ++b)
+      std::copy(h + (b * t + t - logits_rows) * e, h + (b + 1) * t * e, h + b * logits_rows * e);
+  rms_norm_rows(h, kept, e, tail[0].data_ptr<T>(), static_cast<float>(eps), xn);
   check_packed_for(h, tail[1], e, vocab);
-  at::Tensor logits = at::empty({batch, t, vocab}, opts);
-  linear_rows(xn, m, tail[1], nullptr, vocab, logits.data_ptr<T>());
+  linear_rows(xn, kept, tail[1], nullptr, vocab, logits.data_ptr<T>());
   return logits;
 }
 
@@ -798,10 +805,10 @@ at::Tensor by_weight_dtype(const char* op, const at::Tensor& weight, const at::T
 at::Tensor forward(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,
                    const at::Tensor& mask, const at::Tensor& cos, const at::Tensor& signed_sin, at::TensorList keys,
                    at::TensorList values, at::TensorList weights, int64_t n_layers, int64_t n_head, int64_t n_kv,
-                   int64_t head_dim, int64_t intermediate, int64_t vocab, double eps) {
+                   int64_t head_dim, int64_t intermediate, int64_t vocab, double eps, int64_t logits_rows) {
   return by_weight_dtype("forward", weights[0], cos, [&](auto element) {
     return forward_native<decltype(element)>(tokens, positions, slots, mask, cos, signed_sin, keys, values, weights,
-                                             n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps);
+                                             n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, logits_rows);
   });
 }
 
@@ -828,8 +835,8 @@ at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t 
     at::Tensor mask = at::ones({1, t, first + t}, ids.dtype(at::kBool));
     if (t > 1) mask = mask.tril(first);  // row j sees slots [0, first + j]
     const at::Tensor logits = forward_native<T>(feed, positions, positions, mask, cos, signed_sin, keys, values,
-                                                weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps);
-    const T* last = logits.data_ptr<T>() + (t - 1) * vocab;
+                                                weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, 1);
+    const T* last = logits.data_ptr<T>();
     int64_t best = 0;
     float top = static_cast<float>(last[0]);
     for (int64_t v = 1; v < vocab_limit; ++v)
@@ -862,7 +869,7 @@ TORCH_LIBRARY(quickdraft, m) {
   m.def("rms_norm_bf16(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("forward(Tensor tokens, Tensor positions, Tensor slots, Tensor mask, Tensor cos, Tensor signed_sin, "
         "Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, int n_kv, int head_dim, "
-        "int intermediate, int vocab, float eps) -> Tensor");
+        "int intermediate, int vocab, float eps, int logits_rows) -> Tensor");
   m.def("draft_greedy(Tensor tokens, int start, int k, int vocab_limit, Tensor cos, Tensor signed_sin, "
         "Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, int n_kv, int head_dim, "
         "int intermediate, int vocab, float eps) -> Tensor");

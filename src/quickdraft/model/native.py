@@ -81,13 +81,15 @@ class NativeForward:
         return cos, signed_sin, [k[:batch] for k in cache.keys], [v[:batch] for v in cache.values]
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
-                 cache: KVCache, n_layers: int | None = None) -> torch.Tensor:
+                 cache: KVCache, n_layers: int | None = None, logits_rows: int | None = None) -> torch.Tensor:
         """tokens, positions (RoPE), slots (cache slot per row): [B, T] on the first B cache entries;
-        mask [B or 1, T, W] bool over cache slots [0, W) -> logits [B, T, vocab]."""
+        mask [B or 1, T, W] bool over cache slots [0, W) -> logits [B, T, vocab], or of each
+        sequence's last ``logits_rows`` rows (0: a prefill, cache writes only)."""
         return kernels.forward(
             tokens.contiguous(), positions.contiguous(), slots.contiguous(), mask.contiguous(),
             *self._cache_inputs(cache, tokens.shape[0], int(positions.max()) + 1), self.weights,
-            self.model.config.n_layer if n_layers is None else n_layers, *self.shape, self.eps)
+            self.model.config.n_layer if n_layers is None else n_layers, *self.shape, self.eps,
+            tokens.shape[1] if logits_rows is None else logits_rows)
 
     def draft_greedy(self, tokens: list[int], k: int, vocab_limit: int, cache: KVCache) -> list[int]:
         """Feed ``tokens`` after the cache's ``length`` tokens, then draft k tokens greedily (each
