@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import socket
 import subprocess
 import sys
@@ -405,18 +404,10 @@ def run_load(clients: int = 32, duration_s: float = 60.0, max_tokens: int = 32, 
 
 
 def _machine() -> dict[str, Any]:
-    import torch
+    """The bench's machine description, with the load average the clients ran under."""
+    from quickdraft.bench.harness import machine_description
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None}
+    return {**machine_description(), "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None}
 
 
 # name -> (server --max-batch, the gamma every request sends: None = the server's default, auto)
@@ -500,7 +491,7 @@ def sweep_table(reports: list[LoadReport]) -> list[str]:
             f"| {clients} | {config} | {r.tokens_per_s:.1f} | {per_request:.1f} | {ttft(r.ttft_p50_s)} | "
             f"{ttft(r.ttft_p99_s)} | {r.failed} | "
             f"{r.tokens_per_s / base.tokens_per_s:.2f}× | "
-            f"{(r.tokens_per_s / plain.tokens_per_s if config == 'batched speculative' and plain else 0):.2f}× |"
+            f"{f'{r.tokens_per_s / plain.tokens_per_s:.2f}×' if config == 'batched speculative' and plain else ''} |"
             if base and base.tokens_per_s else f"| {clients} | {config} | {r.tokens_per_s:.1f} | | | | {r.failed} | | |")
     return lines
 
