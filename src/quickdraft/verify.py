@@ -140,18 +140,20 @@ def verify_batch(
     greedy = [i for i, s in enumerate(samplings) if s.greedy]
     coupled = [i for i, s in enumerate(samplings) if not s.greedy and samplers[i].coupled]
     rejection = [i for i, s in enumerate(samplings) if not s.greedy and not samplers[i].coupled]
+
+    def walk(members: list[int], target_tokens: list[int]) -> None:
+        """The greedy rule on each member's rows of ``target_tokens`` (the members' rows in order)."""
+        first = 0
+        for i in members:
+            out[i] = verify_greedy(drafts[i], target_tokens[first: first + len(drafts[i]) + 1])
+            first += len(drafts[i]) + 1
+
     if greedy:
-        argmax = greedy_tokens(torch.cat([logits[i] for i in greedy])).tolist()
-        for i in greedy:
-            rows, argmax = argmax[: len(drafts[i]) + 1], argmax[len(drafts[i]) + 1:]
-            out[i] = verify_greedy(drafts[i], rows)
+        walk(greedy, greedy_tokens(torch.cat([logits[i] for i in greedy])).tolist())
     if coupled:
         row_samplers = [samplers[i] for i in coupled for _ in range(len(drafts[i]) + 1)]
         positions = [first_positions[i] + r for i in coupled for r in range(len(drafts[i]) + 1)]
-        drawn = draw_batch(row_samplers, torch.cat([ps[i] for i in coupled]), positions)  # type: ignore[misc]
-        for i in coupled:
-            rows, drawn = drawn[: len(drafts[i]) + 1], drawn[len(drafts[i]) + 1:]
-            out[i] = verify_greedy(drafts[i], rows)
+        walk(coupled, draw_batch(row_samplers, torch.cat([ps[i] for i in coupled]), positions))  # type: ignore[misc]
     if rejection:
         results = verify_sampling_batch([drafts[i] for i in rejection], [qs[i] for i in rejection],
                                         [ps[i] for i in rejection],  # type: ignore[misc]

@@ -327,20 +327,15 @@ class Transformer(nn.Module):
         """
         t = tokens.shape[1]
         if self.native is not None and cache is not None and t <= KERNEL_ATTENTION_ROWS:
-            start = int(positions) if isinstance(positions, int) else int(positions[0])
-            if start + t > cache.capacity:
-                raise ValueError(f"positions up to {start + t} exceed the KV cache capacity {cache.capacity}")
-            pos = torch.arange(start, start + t, device=tokens.device)
-            mask = self._attention_mask(pos, cache.capacity if full_window else start + t, False)
-            batch = tokens.shape[0]
-            return self.native(tokens, pos.expand(batch, t), pos.expand(batch, t), mask[None], cache, exit_layer)
+            start = self._chain_start(positions, t, cache)
+            return self._native_chain(tokens, start, cache, cache.capacity if full_window else start + t, exit_layer)
         return linear(self.lm_head, self.norm(self.hidden_states(tokens, positions, cache, exit_layer=exit_layer,
                                                          full_window=full_window)))
 
     def prefill(self, tokens: torch.Tensor, positions: torch.Tensor | int, cache: KVCache) -> None:
         """``forward``'s cache writes without its logits: a prompt's rows are fed for their keys and
         values only, and the LM head is the largest product of a small model (the embedded target's
-        8,192 x 512: more than all its layers for a long prompt).
+        8,192 x 384).
 
         With the native forward a long prompt goes in chunks of KERNEL_ATTENTION_ROWS rows: its rows
         are invariant by construction, so the chunks leave the bits one call would, and the
@@ -349,16 +344,28 @@ class Transformer(nn.Module):
         if self.native is None:
             self.hidden_states(tokens, positions, cache)
             return
+        start = self._chain_start(positions, t, cache)
+        for first in range(start, start + t, KERNEL_ATTENTION_ROWS):
+            chunk = tokens[:, first - start: first - start + KERNEL_ATTENTION_ROWS]
+            self._native_chain(chunk, first, cache, first + chunk.shape[1], logits_rows=0)
+
+    @staticmethod
+    def _chain_start(positions: torch.Tensor | int, t: int, cache: KVCache) -> int:
+        """The position of the first of ``t`` consecutive rows, checked to fit the cache."""
         start = int(positions) if isinstance(positions, int) else int(positions[0])
         if start + t > cache.capacity:
             raise ValueError(f"positions up to {start + t} exceed the KV cache capacity {cache.capacity}")
-        batch = tokens.shape[0]
-        for first in range(0, t, KERNEL_ATTENTION_ROWS):
-            chunk = tokens[:, first: first + KERNEL_ATTENTION_ROWS]
-            n = chunk.shape[1]
-            pos = torch.arange(start + first, start + first + n, device=tokens.device)
-            mask = self._attention_mask(pos, start + first + n, False)
-            self.native(chunk, pos.expand(batch, n), pos.expand(batch, n), mask[None], cache, logits_rows=0)
+        return start
+
+    def _native_chain(self, tokens: torch.Tensor, start: int, cache: KVCache, window: int,
+                      exit_layer: int | None = None, logits_rows: int | None = None) -> torch.Tensor:
+        """tokens [B, T] at positions start.. through the native forward, each row attending causally
+        over cache slots [0, window)."""
+        t, batch = tokens.shape[1], tokens.shape[0]
+        pos = torch.arange(start, start + t, device=tokens.device)
+        mask = self._attention_mask(pos, window, False)
+        return self.native(tokens, pos.expand(batch, t), pos.expand(batch, t), mask[None], cache, exit_layer,
+                           logits_rows=logits_rows)
 
     def hidden_states(
         self,
