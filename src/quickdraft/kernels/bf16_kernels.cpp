@@ -779,7 +779,7 @@ at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions,
     add_into_residual(proj);
   }
   // The head only for the rows asked for (the last logits_rows of each sequence): a prefill needs
-  // none, and the head is the largest product of a small model (8,192 x 512 for the embedded one).
+  // none, and the head is the largest product of a small model (8,192 x 384 for the embedded one).
   const at::Tensor* tail = &weights[1 + kPerLayer * keys.size()];
   at::Tensor logits = at::empty({batch, logits_rows, vocab}, opts);
   if (logits_rows == 0) return logits;
