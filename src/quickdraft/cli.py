@@ -51,7 +51,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         "or embedded-copy (copies its context: for input-grounded work and prompt lookup)")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--draft", help="draft model directory or hub repo id (same vocabulary as the target)")
-    group.add_argument("--drafter", help="early-exit[:L] | prompt-lookup[:n] | a draft model path")
+    group.add_argument("--drafter", help="self[:PATH] (a trained self-draft; default PATH: TARGET/self_draft) | "
+                       "early-exit[:L] | prompt-lookup[:n] | a draft model path")
     group.add_argument("--no-draft", action="store_true",
                        help="no drafter: plain decoding (the baseline speculation is measured against)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"],

@@ -148,6 +148,7 @@ class BatchedDraftModel(_ModelDrafter):
 
     def __init__(self, drafter: DraftModelDrafter, max_batch: int, capacity: int, vocab_limit: int) -> None:
         super().__init__(vocab_limit, capacity)
+        self.name = drafter.name  # draft-model, or self-draft (the target's layers and a trained module)
         self.model: Transformer = drafter.model
         self.cache: KVCache = self.model.new_cache(capacity, batch=max_batch)
         self.length = [0] * max_batch  # tokens held in each entry of the draft cache

@@ -67,10 +67,12 @@ def settings_from_args(args: argparse.Namespace):
     from quickdraft.assets import default_target_path, embedded_draft_for
     from quickdraft.bench.harness import BenchSettings
 
-    early_exit, prompt_lookup, draft = "early-exit", "prompt-lookup", args.draft
+    early_exit, self_draft, prompt_lookup, draft = "early-exit", "self", "prompt-lookup", args.draft
     if args.drafter:
         if args.drafter.startswith("early-exit"):
             early_exit = args.drafter
+        elif args.drafter.partition(":")[0] == "self":
+            self_draft = args.drafter
         elif args.drafter.startswith("prompt-lookup"):
             prompt_lookup = args.drafter
         else:
@@ -84,7 +86,7 @@ def settings_from_args(args: argparse.Namespace):
     common = dict(target=target, draft=draft, dtype=args.dtype, draft_dtype=args.draft_dtype,
                   compile_drafter=bool(args.compile_drafter), compile_target=bool(args.compile_target),
                   device=args.device, exact=not args.no_exact,
-                  early_exit=early_exit, prompt_lookup=prompt_lookup, peers=not args.no_peers, llama_cpp=args.llama_cpp,
+                  early_exit=early_exit, self_draft=self_draft, prompt_lookup=prompt_lookup, peers=not args.no_peers, llama_cpp=args.llama_cpp,
                   temperature=args.temperature, seed=args.seed, clock=args.clock, **overrides)
     return BenchSettings.quick(**common) if args.quick else BenchSettings(**common)
 

@@ -94,6 +94,7 @@ class BenchSettings:
     max_gamma: int = 8  # the engines' max_gamma: the largest γ, and exact mode's row bucket (>= max_gamma + 1)
     exact: bool = True  # also run exact-mode variants (reported beside, never as the baseline)
     early_exit: str | None = "early-exit"  # drafter spec, None to skip
+    self_draft: str | None = "self"  # a trained self-draft (model/self_draft.py); skipped where the target has none
     prompt_lookup: str | None = "prompt-lookup"
     peers: bool = True  # transformers generate(): plain, assisted, prompt lookup
     llama_cpp: str | None = None  # a scripts/llama_cpp/build.sh directory: llama.cpp plain and speculative as peers
@@ -117,7 +118,7 @@ class BenchSettings:
 @dataclass(frozen=True)
 class Method:
     name: str  # unique label, e.g. "draft γ=4" or "hf assisted"
-    # plain | draft | early-exit | prompt-lookup | hf-plain | hf-assisted | hf-lookup | llama-cpp-plain | llama-cpp-draft
+    # plain | draft | early-exit | self-draft | prompt-lookup | hf-plain | hf-assisted | hf-lookup | llama-cpp-plain | llama-cpp-draft
     family: str
     gamma: int | str  # 0 = plain decoding
     exact: bool
@@ -290,6 +291,18 @@ class OurRunner:
         return result.token_ids, result.stats
 
 
+SPECULATIVE_FAMILIES = ("draft", "early-exit", "self-draft", "prompt-lookup")
+
+
+def has_self_draft(spec: str, target: LoadedModel) -> bool:
+    """Whether ``spec`` (self or self:PATH) names a self-draft that exists for this target."""
+    from quickdraft.drafters.self_draft import default_self_draft_path
+    from quickdraft.model.self_draft import is_self_draft_dir
+
+    path = spec.partition(":")[2]
+    return is_self_draft_dir(Path(path) if path else default_self_draft_path(target))
+
+
 # ---- the benchmark --------------------------------------------------------------------------
 class Bench:
     def __init__(self, settings: BenchSettings, progress: bool = True) -> None:
@@ -312,6 +325,8 @@ class Bench:
                     drafter = RecordingDrafter(make_drafter(draft, target, compile=s.compile_drafter))
                 elif kind == "early-exit":
                     drafter = RecordingDrafter(make_drafter(s.early_exit, target))
+                elif kind == "self-draft":
+                    drafter = RecordingDrafter(make_drafter(s.self_draft, target))
                 elif kind == "prompt-lookup":
                     drafter = RecordingDrafter(make_drafter(s.prompt_lookup, target))
                 e = Engine(target, drafter, exact=exact, dtype=s.dtype, device=s.device, max_gamma=s.max_gamma,
@@ -332,6 +347,7 @@ class Bench:
         if too_big:
             self.notes.append(f"γ {too_big} skipped: above max_gamma {max_gamma}"
                               + (" (compiled target steps)" if s.compile_target else ""))
+        self_draft = s.self_draft is not None and has_self_draft(s.self_draft, target)
         for temperature, gammas in ((0.0, s.gammas), (s.temperature, s.sampling_gammas)):
             gammas = [g for g in gammas if g <= max_gamma]
             suffix = "" if temperature == 0 else f" T={temperature:g}"
@@ -357,6 +373,10 @@ class Bench:
                     if temperature > 0:
                         add(f"draft tree {nodes} rejection{suffix}", "draft", "auto", False, temperature, "rejection",
                             tree=nodes)
+            if self_draft:  # the self-drafting row of issue 18: greedy and sampled, also in --quick
+                add(f"self-draft auto{suffix}", "self-draft", "auto", False, temperature)
+                if temperature == 0 and s.exact:
+                    add("self-draft auto exact", "self-draft", "auto", True, temperature)
             if not full and draft is not None:
                 continue
             if s.early_exit and target.config.n_layer > 1:
@@ -366,6 +386,8 @@ class Bench:
             for nodes in s.trees if temperature == 0 and full else ():
                 if s.early_exit and target.config.n_layer > 1:
                     add(f"early exit tree {nodes}", "early-exit", "auto", False, temperature, tree=nodes)
+                if self_draft:
+                    add(f"self-draft tree {nodes}", "self-draft", "auto", False, temperature, tree=nodes)
                 if s.prompt_lookup:
                     add(f"prompt lookup tree {nodes}", "prompt-lookup", "auto", False, temperature, tree=nodes)
         if draft is None:
@@ -617,7 +639,7 @@ def summarize(methods: list[Method], rounds: list[dict[str, RoundResult]], kinds
             # verify cost: one target call here relative to a 1-row call of plain decoding
             row["verify_cost"] = (statistics.median(t / p for t, p in zip(target_step, plain_step))
                                   if target_step and plain_step else None)
-        if m.family in ("draft", "early-exit", "prompt-lookup"):
+        if m.family in SPECULATIVE_FAMILIES:
             steps = [s for r in per_round for s in r.steps]
             drafted = sum(r.drafted for r in per_round)
             accepted = sum(r.accepted for r in per_round)
@@ -704,7 +726,7 @@ def headline_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return next((r for r in rows if r["method"] == name), None)
 
     out: dict[str, Any] = {}
-    speculative = ("draft", "early-exit", "prompt-lookup")
+    speculative = SPECULATIVE_FAMILIES
     for decoding in ("greedy", "sampling"):
         b = best(decoding, speculative)
         if b is not None:

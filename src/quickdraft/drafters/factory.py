@@ -1,5 +1,6 @@
 """Turn a user's drafter spec into a Drafter: a path or hub id (draft model), "early-exit[:L]",
-"prompt-lookup[:n]", a LoadedModel, or a Drafter instance."""
+"self[:PATH]" (a trained self-draft, by default at TARGET/self_draft), "prompt-lookup[:n]", a
+LoadedModel, or a Drafter instance."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from quickdraft.drafters.base import Drafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.early_exit import EarlyExitDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
+from quickdraft.drafters.self_draft import SelfDraftDrafter
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.config import EARLY_EXIT_CONFIG_KEY
 from quickdraft.model.loader import LoadedModel, load_model
@@ -41,11 +43,12 @@ def default_exit_layer(target: LoadedModel) -> int:
     return calibrate_exit_layer(target, trained_exit_layer(target)).layer
 
 
-MODEL_FREE = ("early-exit", "prompt-lookup")
+MODEL_FREE = ("early-exit", "prompt-lookup", "self")  # drafters that bring no second model
 
 
 def names_a_draft_model(spec: str) -> bool:
-    """Whether a drafter spec is a draft model (a path or hub id) rather than a model-free drafter."""
+    """Whether a drafter spec is a draft model (a path or hub id) rather than the target's own
+    layers (early-exit, self) or prompt lookup."""
     return spec.partition(":")[0] not in MODEL_FREE
 
 
@@ -57,7 +60,8 @@ def make_drafter(
     device: str = "cpu",
     compile: bool = False,
 ) -> Drafter | None:
-    """``dtype`` and ``compile`` apply to a draft model (``compile``: torch.compile its steps)."""
+    """``dtype`` and ``compile`` apply to a draft model (``compile``: torch.compile its steps); a
+    self-draft runs in the target's dtype, on the target's layers."""
     if spec is None or isinstance(spec, Drafter):
         return spec
     if isinstance(spec, LoadedModel):
@@ -69,6 +73,8 @@ def make_drafter(
     if name == "early-exit":
         layer = _parse_int(text, arg) if arg else default_exit_layer(target)
         return EarlyExitDrafter(layer, target.config.n_layer)
+    if name == "self":
+        return SelfDraftDrafter(target, arg or None)
     if name == "prompt-lookup":
         return PromptLookupDrafter(max_ngram=_parse_int(text, arg)) if arg else PromptLookupDrafter()
     drafter = DraftModelDrafter(load_model(spec, dtype=dtype, device=device), compile=compile)

@@ -817,13 +817,20 @@ at::Tensor forward(const at::Tensor& tokens, const at::Tensor& positions, const 
 // is the first maximum of the last row's logits over [0, vocab_limit), and all but the last are
 // fed back as 1-row steps. -> the k tokens; the cache then holds start + T + k - 1 tokens. The
 // steps are the ones forward computes: this only keeps Python out of the draft's loop.
+// head_ids, when not empty, maps the LM head's rows to token ids (a head over a vocabulary subset):
+// the maximum's row is mapped before it is returned and fed back.
 template <typename T>
 at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t k, int64_t vocab_limit,
                                const at::Tensor& cos, const at::Tensor& signed_sin, at::TensorList keys,
                                at::TensorList values, at::TensorList weights, int64_t n_layers, int64_t n_head,
-                               int64_t n_kv, int64_t head_dim, int64_t intermediate, int64_t vocab, double eps) {
+                               int64_t n_kv, int64_t head_dim, int64_t intermediate, int64_t vocab, double eps,
+                               const at::Tensor& head_ids) {
   TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == 1 && tokens.size(1) >= 1 && k >= 1 && vocab_limit >= 1 &&
               vocab_limit <= vocab, "draft_greedy: one sequence of at least one token, k >= 1, a vocabulary limit");
+  TORCH_CHECK(head_ids.numel() == 0 || (head_ids.numel() == vocab && head_ids.scalar_type() == at::kLong),
+              "draft_greedy: head_ids maps each of the head's rows to a token id (int64)");
+  const at::Tensor id_map = head_ids.contiguous();
+  const int64_t* row_token = head_ids.numel() ? id_map.data_ptr<int64_t>() : nullptr;
   at::Tensor drafted = at::empty({k}, tokens.options());
   auto* out = drafted.data_ptr<int64_t>();
   const auto ids = tokens.options();
@@ -844,6 +851,7 @@ at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t 
         top = static_cast<float>(last[v]);
         best = v;
       }
+    if (row_token) best = row_token[best];
     out[i] = best;
     first += t;
     feed = at::full({1, 1}, best, ids);
@@ -854,10 +862,11 @@ at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t 
 at::Tensor draft_greedy(const at::Tensor& tokens, int64_t start, int64_t k, int64_t vocab_limit, const at::Tensor& cos,
                         const at::Tensor& signed_sin, at::TensorList keys, at::TensorList values,
                         at::TensorList weights, int64_t n_layers, int64_t n_head, int64_t n_kv, int64_t head_dim,
-                        int64_t intermediate, int64_t vocab, double eps) {
+                        int64_t intermediate, int64_t vocab, double eps, const at::Tensor& head_ids) {
   return by_weight_dtype("draft_greedy", weights[0], cos, [&](auto element) {
     return draft_greedy_native<decltype(element)>(tokens, start, k, vocab_limit, cos, signed_sin, keys, values,
-                                                  weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps);
+                                                  weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps,
+                                                  head_ids);
   });
 }
 
@@ -872,7 +881,7 @@ TORCH_LIBRARY(quickdraft, m) {
         "int intermediate, int vocab, float eps, int logits_rows) -> Tensor");
   m.def("draft_greedy(Tensor tokens, int start, int k, int vocab_limit, Tensor cos, Tensor signed_sin, "
         "Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, int n_kv, int head_dim, "
-        "int intermediate, int vocab, float eps) -> Tensor");
+        "int intermediate, int vocab, float eps, Tensor head_ids) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {

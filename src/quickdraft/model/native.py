@@ -47,7 +47,7 @@ class NativeForward:
                         block.mlp_norm.weight.detach(), packed(block.mlp.up), packed(block.mlp.down)]
         weights += [model.norm.weight.detach(), packed(model.lm_head)]
         self.weights = weights
-        self.shape = (c.n_head, c.n_kv_head, c.head_dim, c.intermediate_size, c.vocab_size)
+        self.shape = (c.n_head, c.n_kv_head, c.head_dim, c.intermediate_size, model.lm_head.out_features)
         self.eps = c.norm_eps
 
     @staticmethod
@@ -85,22 +85,29 @@ class NativeForward:
         """tokens, positions (RoPE), slots (cache slot per row): [B, T] on the first B cache entries;
         mask [B or 1, T, W] bool over cache slots [0, W) -> logits [B, T, vocab], or of each
         sequence's last ``logits_rows`` rows (0: a prefill, cache writes only)."""
-        return kernels.forward(
+        logits = kernels.forward(
             tokens.contiguous(), positions.contiguous(), slots.contiguous(), mask.contiguous(),
             *self._cache_inputs(cache, tokens.shape[0], int(positions.max()) + 1), self.weights,
             self.model.config.n_layer if n_layers is None else n_layers, *self.shape, self.eps,
             tokens.shape[1] if logits_rows is None else logits_rows)
+        return self.model.full_vocabulary(logits)
 
     def draft_greedy(self, tokens: list[int], k: int, vocab_limit: int, cache: KVCache) -> list[int]:
         """Feed ``tokens`` after the cache's ``length`` tokens, then draft k tokens greedily (each
         the first maximum of its logits below ``vocab_limit``), all in one C++ call: the same
         forwards as feeding them one by one, without Python between the steps. The cache's length
-        is left to the caller: it then holds ``length + len(tokens) + k - 1`` tokens."""
+        is left to the caller: it then holds ``length + len(tokens) + k - 1`` tokens.
+
+        A subset head's rows are searched up to the last id below ``vocab_limit`` (its ids ascend, so
+        the first maximum is the one the full-vocabulary logits give)."""
+        head_ids = self.model.head_ids
+        if head_ids is not None:
+            vocab_limit = int(torch.searchsorted(head_ids, vocab_limit))
         start = cache.length
         if start + len(tokens) + k - 1 > cache.capacity:
             raise ValueError(f"drafting {k} tokens after {start + len(tokens)} exceeds the cache capacity {cache.capacity}")
         drafted = kernels.draft_greedy(
             torch.tensor([tokens], dtype=torch.long), start, k, vocab_limit,
             *self._cache_inputs(cache, 1, start + len(tokens) + k), self.weights, self.model.config.n_layer,
-            *self.shape, self.eps)
+            *self.shape, self.eps, head_ids)
         return drafted.tolist()

@@ -285,6 +285,21 @@ class Transformer(nn.Module):
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         self._lm_head_t: torch.Tensor | None = None  # [n_embd, vocab], built by prepare_static
         self.native: NativeForward | None = None  # whole forwards in one C++ call (pack_products)
+        # [lm_head rows] ascending token ids when the head covers a subset of the vocabulary (a
+        # self-draft's frequency-ranked head, model/self_draft.py); None: one row per token
+        self.head_ids: torch.Tensor | None = None
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The final norm and LM head over the residual stream -> logits [..., vocab]."""
+        return self.full_vocabulary(linear(self.lm_head, self.norm(hidden)))
+
+    def full_vocabulary(self, head_logits: torch.Tensor) -> torch.Tensor:
+        """The LM head's logits over the whole vocabulary: a subset head's rows scattered to their
+        token ids, -inf (probability 0, never the maximum) for every other token."""
+        if self.head_ids is None:
+            return head_logits
+        full = head_logits.new_full((*head_logits.shape[:-1], self.embed.num_embeddings), float("-inf"))
+        return full.index_copy_(-1, self.head_ids, head_logits)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -329,8 +344,7 @@ class Transformer(nn.Module):
         if self.native is not None and cache is not None and t <= KERNEL_ATTENTION_ROWS:
             start = self._chain_start(positions, t, cache)
             return self._native_chain(tokens, start, cache, cache.capacity if full_window else start + t, exit_layer)
-        return linear(self.lm_head, self.norm(self.hidden_states(tokens, positions, cache, exit_layer=exit_layer,
-                                                         full_window=full_window)))
+        return self.logits(self.hidden_states(tokens, positions, cache, exit_layer=exit_layer, full_window=full_window))
 
     def prefill(self, tokens: torch.Tensor, positions: torch.Tensor | int, cache: KVCache) -> None:
         """``forward``'s cache writes without its logits: a prompt's rows are fed for their keys and
@@ -409,6 +423,17 @@ class Transformer(nn.Module):
             rope = self._rope(pos, end)
         return self._run_layers(x, rope, cache, slice(start, end), kv_len, mask, n_layers, collect)
 
+    def continue_layers(self, hidden: torch.Tensor, blocks: nn.ModuleList) -> torch.Tensor:
+        """The residual stream after ``blocks`` (decoder blocks of this model's shape) run on
+        ``hidden`` [batch, T, n_embd] at positions 0..T-1, causal, without a cache (training a
+        module that continues this model's first layers)."""
+        t = hidden.shape[1]
+        rope = None if self.pos_embed is not None else self._rope(torch.arange(t, device=hidden.device), t)
+        for block in blocks:
+            hidden = hidden + block.attn(block.attn_norm(hidden), rope, None, None, slice(0, t), t, None)
+            hidden = hidden + block.mlp(block.mlp_norm(hidden))
+        return hidden
+
     def _attention_mask(self, positions: torch.Tensor, kv_len: int, windowed: bool) -> torch.Tensor:
         """[T, kv_len]: True where the query at each of ``positions`` may attend to a cache slot
         (causal, and inside the sliding window when ``windowed``)."""
@@ -476,8 +501,8 @@ class Transformer(nn.Module):
         """Logits of the last hidden states in a static step: the packed product, else the
         transposed copy of ``prepare_static`` when there is one."""
         if self._lm_head_t is None or self.products_packed:
-            return linear(self.lm_head, self.norm(x))
-        return self.norm(x) @ self._lm_head_t
+            return self.logits(x)
+        return self.full_vocabulary(self.norm(x) @ self._lm_head_t)
 
     def prepare_static(self, capacity: int) -> None:
         """Build what ``forward_static`` reads before it is traced: the RoPE table for ``capacity``
@@ -568,7 +593,7 @@ class Transformer(nn.Module):
         hidden = self._run_layers(x, rope, cache, positions, cache.capacity, mask, n_layers)
         # linear, not prepare_static's transposed copy: at 4-16 rows it is the faster of the two here
         # (embedded draft head, fp32: 200 vs 238 µs at 4 rows; bf16: 114 vs 170 µs).
-        return linear(self.lm_head, self.norm(hidden)) if head else None
+        return self.logits(hidden) if head else None
 
     def forward_tree(
         self,
@@ -603,4 +628,4 @@ class Transformer(nn.Module):
             mask = mask & ((slot > positions[:, None] - self.config.sliding_window) | (slot >= slots.min()))
         n_layers = self.config.n_layer if exit_layer is None else exit_layer
         x = self._run_layers(x, rope, cache, slots, window, mask, n_layers, attend=attend)
-        return linear(self.lm_head, self.norm(x))
+        return self.logits(x)

@@ -1,4 +1,4 @@
-"""``quickdraft train``: corpus | tokenizer | target | draft | export | eval | install | all.
+"""``quickdraft train``: corpus | tokenizer | target | draft | self-draft | export | eval | install | all.
 
 Every step reads and writes plain directories, so each can be rerun or resumed on its own:
 
@@ -9,6 +9,11 @@ Every step reads and writes plain directories, so each can be rerun or resumed o
     quickdraft train draft      --data data/corpus --target runs/target/final --out runs/draft --max-minutes 20
     quickdraft train draft      --init-from runs/draft/final --lr 1e-3 --out runs/draft_v2 --max-minutes 50
     quickdraft train eval       --target runs/target/final --draft runs/draft/final --data data/corpus
+
+For a model of your own (a directory or hub id; any text, tokenized with the model's tokenizer):
+
+    quickdraft train self-draft --target MODEL --data my_texts/ --out runs/self_draft --max-minutes 20
+    quickdraft train draft      --target MODEL --data my_texts/ --out runs/my_draft --max-minutes 30
     quickdraft train install    --target runs/target/final --draft runs/draft/final
 """
 
@@ -19,7 +24,7 @@ import json
 import logging
 import shutil
 import sys
-from dataclasses import asdict, fields
+from dataclasses import fields
 from pathlib import Path
 
 from quickdraft.assets import ASSETS, DEFAULT_PAIR, EMBEDDED_PAIRS
@@ -30,8 +35,14 @@ log = logging.getLogger(__name__)
 SHIPPED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 
-def _add_loop_flags(p: argparse.ArgumentParser, *, batch_size: int, lr: float, max_steps: int) -> None:
-    p.add_argument("--data", type=Path, default=Path("data/corpus"), help="corpus dir with train.bin/val.bin")
+def _add_loop_flags(p: argparse.ArgumentParser, *, batch_size: int, lr: float, max_steps: int,
+                    text_data: bool = False) -> None:
+    if text_data:  # a drafter for any target: text tokenized with the target's tokenizer (train/text_data.py)
+        p.add_argument("--data", type=Path, nargs="+", default=[Path("data/corpus")],
+                       help="text files and/or directories (read recursively), or a corpus dir with train.bin/val.bin "
+                       "tokenized with the target's tokenizer (default: data/corpus)")
+    else:
+        p.add_argument("--data", type=Path, default=Path("data/corpus"), help="corpus dir with train.bin/val.bin")
     p.add_argument("--out", type=Path, required=True, help="run dir: checkpoint, history, final/ model")
     p.add_argument("--batch-size", type=int, default=batch_size)
     p.add_argument("--seq-len", type=int, default=256)
@@ -50,7 +61,7 @@ def _train_args(ns: argparse.Namespace):  # noqa: ANN202 - TrainArgs, imported l
     from quickdraft.train.common import TrainArgs
 
     return TrainArgs(
-        out_dir=ns.out, data_dir=ns.data, batch_size=ns.batch_size, seq_len=ns.seq_len, lr=ns.lr,
+        out_dir=ns.out, data_dir=ns.data[0] if isinstance(ns.data, list) else ns.data, batch_size=ns.batch_size, seq_len=ns.seq_len, lr=ns.lr,
         warmup_steps=ns.warmup_steps, max_steps=ns.max_steps, max_minutes=ns.max_minutes,
         checkpoint_minutes=ns.checkpoint_minutes, eval_batches=ns.eval_batches, seed=ns.seed, threads=ns.threads,
         resume=ns.resume,
@@ -72,9 +83,12 @@ def _cmd_tokenizer(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _add_shape_flags(p: argparse.ArgumentParser, default: ModelShape) -> None:
-    for name, value in asdict(default).items():
-        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=value)
+def _add_shape_flags(p: argparse.ArgumentParser, default: ModelShape | None) -> None:
+    """One flag per shape field; with ``default`` None they default to None (a shape relative to the target)."""
+    for f in fields(ModelShape):
+        value = None if default is None else getattr(default, f.name)
+        p.add_argument(f"--{f.name.replace('_', '-')}", type=int, default=value,
+                       help=None if default is not None else "default: relative to the target (distill.draft_shape_for)")
 
 
 def _shape(ns: argparse.Namespace) -> ModelShape:
@@ -94,10 +108,26 @@ def _cmd_target(ns: argparse.Namespace) -> int:
 def _cmd_draft(ns: argparse.Namespace) -> int:
     from quickdraft.train.distill import train_draft
 
-    summary = train_draft(_train_args(ns), _shape(ns), ns.target, generated_fraction=ns.generated_fraction,
+    from quickdraft.train.text_data import is_token_corpus
+
+    overrides = {f.name: getattr(ns, f.name) for f in fields(ModelShape) if getattr(ns, f.name) is not None}
+    data = None if is_token_corpus(ns.data) else ns.data
+    summary = train_draft(_train_args(ns), None, ns.target, generated_fraction=ns.generated_fraction,
                           n_generations=ns.generations, regenerate=ns.regenerate, init_from=ns.init_from,
-                          copy_fraction=ns.copy_fraction, induction_steps=ns.induction_steps)
+                          copy_fraction=ns.copy_fraction, induction_steps=ns.induction_steps, data=data,
+                          shape_overrides=overrides)
     print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _cmd_self_draft(ns: argparse.Namespace) -> int:
+    from quickdraft.train.self_draft import train_self_draft
+
+    summary = train_self_draft(_train_args(ns), ns.target, ns.data, exit_layer=ns.exit_layer,
+                               adapter_layers=ns.adapter_layers, head_tokens=ns.head_tokens,
+                               generated_fraction=ns.generated_fraction, n_generations=ns.generations)
+    print(json.dumps(summary, indent=2))
+    print(f"saved the self-draft to {ns.out}; use it with --drafter self:{ns.out}", file=sys.stderr)
     return 0
 
 
@@ -173,7 +203,7 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     train = subparsers.add_parser("train", help="train the embedded model pair offline (corpus → tokenizer → "
                                   "target → draft → eval)", description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = train.add_subparsers(dest="train_command", metavar="{corpus,tokenizer,target,draft,export,eval,install,all}")
+    sub = train.add_subparsers(dest="train_command", metavar="{corpus,tokenizer,target,draft,self-draft,export,eval,install,all}")
     train.set_defaults(func=lambda ns: (train.print_help(), 2)[1])
 
     p = sub.add_parser("corpus", help="collect the Python standard library source into train/val JSONL")
@@ -201,10 +231,10 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="continue training this target model directory (fresh optimizer and schedule)")
     p.set_defaults(func=_cmd_target)
 
-    p = sub.add_parser("draft", help="distil the draft from the target (KL on corpus + target generations)")
-    _add_loop_flags(p, batch_size=16, lr=3e-3, max_steps=3000)
-    p.add_argument("--target", type=Path, default=Path("runs/target/final"))
-    _add_shape_flags(p, EMBEDDED_DRAFT_SHAPE)
+    p = sub.add_parser("draft", help="distil a draft model from any target (KL on your text + target generations)")
+    _add_loop_flags(p, batch_size=16, lr=3e-3, max_steps=3000, text_data=True)
+    p.add_argument("--target", default="runs/target/final", help="a model directory or hub id")
+    _add_shape_flags(p, None)
     p.add_argument("--generated-fraction", type=float, default=0.5, help="share of each batch from target generations")
     p.add_argument("--generations", type=int, default=1024, help="number of target greedy generations to train on")
     p.add_argument("--copy-fraction", type=float, default=0.0,
@@ -218,6 +248,22 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="fine-tune: start from the weights of this draft model dir (e.g. runs/draft/final) with a "
                    "fresh LR schedule (a lower --lr, e.g. 1e-3, suits); --resume from OUT/checkpoint.pt still wins")
     p.set_defaults(func=_cmd_draft)
+
+    p = sub.add_parser("self-draft", help="train a self-draft for any target: its first layers + a trained exit "
+                       "adapter and frequency-ranked head (--drafter self:OUT)",
+                       description="Trains the self-draft module of model/self_draft.py for a frozen target on your "
+                       "text, tokenized with the target's tokenizer. OUT gets self_draft.json + model.safetensors "
+                       "(the module), checkpoint.pt (--resume), history.json and the token streams.")
+    _add_loop_flags(p, batch_size=8, lr=1e-3, max_steps=2000, text_data=True)
+    p.add_argument("--target", required=True, help="the target: a model directory or hub id")
+    p.add_argument("--exit-layer", type=int, default=None, help="target layers the draft runs (default: a third)")
+    p.add_argument("--adapter-layers", type=int, default=1, help="trained decoder layers on top (default 1)")
+    p.add_argument("--head-tokens", type=int, default=None,
+                   help="rows of the draft's LM head: the most frequent tokens (default: a quarter of the vocabulary, "
+                   ">= 1,024)")
+    p.add_argument("--generated-fraction", type=float, default=0.5, help="share of each batch from target generations")
+    p.add_argument("--generations", type=int, default=256, help="target greedy generations to train on")
+    p.set_defaults(func=_cmd_self_draft)
 
     p = sub.add_parser("eval", help="validation loss and greedy acceptance (draft and early exit)")
     p.add_argument("--target", type=Path, default=ASSETS / "target")

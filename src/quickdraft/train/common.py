@@ -27,11 +27,13 @@ from quickdraft.model.config import ModelConfig
 from quickdraft.model.loader import load_model
 from quickdraft.model.transformer import Transformer
 from quickdraft.model.weights import save_pretrained
+from quickdraft.train.text_data import load_stream
 from quickdraft.train.tokenizer_train import EOS_TOKEN
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT = "checkpoint.pt"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
 
 
 @dataclass
@@ -152,7 +154,7 @@ def train_loop(model: Transformer, loss_fn: LossFn, args: TrainArgs, *, name: st
     """
     set_threads(args.threads)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    tokens = np.memmap(args.data_dir / "train.bin", dtype=np.uint16, mode="r")
+    tokens = load_stream(args.data_dir, "train", memmap=True)
     optimizer = make_optimizer(model, args.lr, args.weight_decay)
     ckpt_path = args.out_dir / CHECKPOINT
     step, elapsed, tokens_seen, history = 0, 0.0, 0, []
@@ -229,8 +231,9 @@ def export_model(model: Transformer, tokenizer_dir: Path, out_dir: Path, *, extr
     config = json.loads(config_path.read_text())
     config.update(extra_config or {})
     config_path.write_text(json.dumps(config, indent=2) + "\n")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(tokenizer_dir / name, out_dir / name)
+    for name in TOKENIZER_FILES:  # what the tokenizer directory has of them: a draft speaks its target's tokens
+        if (tokenizer_dir / name).exists():
+            shutil.copyfile(tokenizer_dir / name, out_dir / name)
     eos = model.config.eos_token_ids[0] if model.config.eos_token_ids else None
     generation = {"eos_token_id": eos, "pad_token_id": 1, "do_sample": False, "max_new_tokens": 128}
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,7 @@ from quickdraft.train.common import (
 from quickdraft.train.copy_augment import CopyAugmentedBatches
 from quickdraft.train.induction import INDUCTION_LR, induction_bootstrap
 from quickdraft.train.shapes import ModelShape
+from quickdraft.train.text_data import load_stream, prepare_token_data, token_dtype
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,15 @@ def draft_config(shape: ModelShape, target: ModelConfig) -> ModelConfig:
     return shape.llama_config(vocab_size=target.vocab_size, block_size=target.block_size,
                               eos_token_ids=target.eos_token_ids, norm_eps=target.norm_eps,
                               rope_theta=target.rope_theta)
+
+
+def draft_shape_for(target: ModelConfig) -> ModelShape:
+    """A draft about a tenth of the target's layer weights: 0.29 of its width in 4 heads, a third of
+    its layers (the embedded target's rule: 384 wide, 6 layers -> the embedded draft's 112 and 2)."""
+    n_embd = max(32, 16 * round(0.29 * target.n_embd / 16))
+    n_head = 4
+    return ModelShape(n_embd=n_embd, n_layer=max(1, round(target.n_layer / 3)), n_head=n_head, n_kv_head=n_head,
+                      head_dim=n_embd // n_head, intermediate_size=32 * round(2.86 * n_embd / 32))
 
 
 @torch.no_grad()
@@ -75,14 +86,14 @@ def make_generations(target: Transformer, tokens: np.ndarray, n_sequences: int, 
     rows = []
     for start in tqdm(range(first, n_sequences, batch), desc="generations", mininterval=10):
         prompts = batch_at(tokens, 10_000_000 + start, min(batch, n_sequences - start), prompt_len - 1, seed)
-        rows.append(greedy_generate(target, prompts, n_new).numpy().astype(np.uint16))
+        rows.append(greedy_generate(target, prompts, n_new).numpy().astype(token_dtype(target.config.vocab_size)))
     return np.concatenate(rows)
 
 
 def load_or_make_generations(path: Path, target: Transformer, tokens: np.ndarray, n_sequences: int,
                              prompt_len: int, n_new: int, seed: int) -> np.ndarray:
     """The generations in ``path``, extended (and saved) up to ``n_sequences`` rows if it holds fewer."""
-    have = np.load(path) if path.exists() else np.zeros((0, prompt_len + n_new), dtype=np.uint16)
+    have = np.load(path) if path.exists() else np.zeros((0, prompt_len + n_new), dtype=tokens.dtype)
     if have.shape[1] != prompt_len + n_new:
         raise ValueError(f"{path} holds generations of {have.shape[1]} tokens, this run needs "
                          f"{prompt_len + n_new} (prompt_len + seq_len + 1 - prompt_len + 64); pass --regenerate")
@@ -148,11 +159,17 @@ class MixedBatches:
         return torch.cat([corpus, torch.from_numpy(gen)])
 
 
-def train_draft(args: TrainArgs, shape: ModelShape, target_dir: Path, *, generated_fraction: float = 0.5,
+def train_draft(args: TrainArgs, shape: ModelShape | None, target_dir: str | Path, *, generated_fraction: float = 0.5,
                 n_generations: int = 1024, prompt_len: int = 32, export_dir: Path | None = None,
                 regenerate: bool = False, init_from: Path | None = None,
-                copy_fraction: float = 0.0, induction_steps: int = 0) -> dict[str, object]:
-    """Distil a draft of ``shape`` from the model in ``target_dir``.
+                copy_fraction: float = 0.0, induction_steps: int = 0,
+                data: list[Path] | None = None, shape_overrides: dict[str, int] | None = None) -> dict[str, object]:
+    """Distil a draft of ``shape`` (None: ``draft_shape_for`` the target) from the model in
+    ``target_dir`` (a directory or hub id), whose tokenizer files the draft is saved with.
+
+    ``data``: text files or directories, tokenized with the target's tokenizer into
+    ``args.out_dir / "data"`` (train/text_data.py), for a target of any family; without it,
+    ``args.data_dir`` is a corpus directory of token streams.
 
     With ``args.resume`` training continues from ``args.out_dir/checkpoint.pt`` — also against a
     newer target (warm start from a draft distilled from an earlier target snapshot); then pass
@@ -170,7 +187,9 @@ def train_draft(args: TrainArgs, shape: ModelShape, target_dir: Path, *, generat
     """
     set_threads(args.threads)
     torch.manual_seed(args.seed)
-    target = load_model(target_dir, tokenizer=False).model
+    loaded = load_model(target_dir)
+    target = loaded.model
+    shape = replace(shape or draft_shape_for(target.config), **(shape_overrides or {}))
     config = draft_config(shape, target.config)
     draft = Transformer(config)
     init_weights(draft)
@@ -181,7 +200,11 @@ def train_draft(args: TrainArgs, shape: ModelShape, target_dir: Path, *, generat
     n_draft = sum(p.numel() for p in draft.parameters())
     log.info("draft: %d parameters (%.3f of the target's %d), %s", n_draft, n_draft / n_target, n_target, shape)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    tokens = np.memmap(args.data_dir / "train.bin", dtype=np.uint16, mode="r")
+    if data is not None:
+        eos = loaded.eos_token_ids[0] if loaded.eos_token_ids else None
+        args.data_dir = prepare_token_data(data, loaded.tokenizer, eos, target.config.vocab_size,
+                                           args.out_dir / "data", min_tokens=args.seq_len + 2)
+    tokens = load_stream(args.data_dir, "train", memmap=True)
     bootstrap: dict[str, float] = {}
     if induction_steps > 0 and not (args.resume and (args.out_dir / CHECKPOINT).exists()):
         bootstrap = induction_bootstrap(draft, tokens, induction_steps, lr=INDUCTION_LR, seed=args.seed)
@@ -192,9 +215,9 @@ def train_draft(args: TrainArgs, shape: ModelShape, target_dir: Path, *, generat
         generations = load_or_make_generations(gen_path, target, tokens, n_generations, prompt_len,
                                                args.seq_len + 1 - prompt_len + 64, args.seed)
     else:
-        generations = np.zeros((0, 0), dtype=np.uint16)
+        generations = np.zeros((0, 0), dtype=tokens.dtype)
     sampler = MixedBatches(tokens, generations, generated_fraction, args.seed, copy_fraction)
-    val = np.fromfile(args.data_dir / "val.bin", dtype=np.uint16)
+    val = load_stream(args.data_dir, "val")
     val_batches = eval_batches(val, args.eval_batches, args.batch_size, args.seq_len)
     summary = train_loop(
         draft,
@@ -209,6 +232,7 @@ def train_draft(args: TrainArgs, shape: ModelShape, target_dir: Path, *, generat
     summary["generations"] = int(generations.shape[0])
     summary["copy_fraction"] = copy_fraction
     summary.update(bootstrap)
+    summary["shape"] = asdict(shape)
     (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    export_model(draft, target_dir, export_dir or args.out_dir / "final")
+    export_model(draft, loaded.path, export_dir or args.out_dir / "final")
     return summary

@@ -1,0 +1,141 @@
+"""``quickdraft train self-draft``: train a self-draft module (model/self_draft.py) for a frozen target.
+
+The target is never changed. Each step runs it once without gradients over a batch of windows of
+the user's text (tokenized with the target's own tokenizer) and, when asked, of its own greedy
+continuations (the text greedy speculation must predict), keeping its residual stream after layer L
+and its next-token distribution p. The module continues the stream through its adapter layers, norm
+and subset head, and is trained on the cross-entropy of its q against p over the subset (the
+distillation loss of distill.py, restricted to the tokens the head can draft). The head's subset is
+the K most frequent tokens of the training text (EOS always among them).
+
+Checkpoints, resume, wall-clock budget and progress come from ``train_loop``; only the module is
+saved in them, never the target.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from quickdraft.model.loader import LoadedModel, load_model
+from quickdraft.model.self_draft import SelfDraftModule, SelfDraftShape, default_head_tokens, save_self_draft
+from quickdraft.model.transformer import Transformer
+from quickdraft.model.weights import DTYPE_NAMES
+from quickdraft.train.common import TrainArgs, eval_batches, set_threads, train_loop
+from quickdraft.train.distill import MixedBatches, load_or_make_generations
+from quickdraft.train.text_data import load_stream, prepare_token_data
+
+log = logging.getLogger(__name__)
+
+PROMPT_LEN = 32  # corpus prefix each target generation continues
+
+
+def default_exit_layer(n_layer: int) -> int:
+    """A third of the target's layers (at least one): the embedded 6-layer target exits after 2."""
+    return max(1, min(n_layer - 1, round(n_layer / 3)))
+
+
+def frequent_tokens(tokens: np.ndarray, k: int, vocab_limit: int, always: tuple[int, ...]) -> torch.Tensor:
+    """The k most frequent token ids of ``tokens`` below ``vocab_limit`` (ties: the lower id), with
+    ``always`` among them, ascending."""
+    counts = np.bincount(np.asarray(tokens, dtype=np.int64), minlength=vocab_limit)[:vocab_limit].astype(np.float64)
+    for token in always:
+        if 0 <= token < vocab_limit:
+            counts[token] = np.inf
+    order = np.lexsort((np.arange(vocab_limit), -counts))  # by count descending, then id ascending
+    return torch.from_numpy(np.sort(order[:k])).to(torch.long)
+
+
+def _target_pass(target: Transformer, inputs: torch.Tensor, exit_layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual stream after ``exit_layer`` layers and log p [batch, T, vocab], without gradients."""
+    with torch.no_grad():
+        streams: list[torch.Tensor] = []
+        final = target.hidden_states(inputs, collect=streams)
+        return streams[exit_layer - 1], F.log_softmax(target.logits(final).float(), dim=-1)
+
+
+def self_draft_loss(module: SelfDraftModule, target: Transformer,
+                    batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    inputs = batch[:, :-1]
+    exit_hidden, p_log = _target_pass(target, inputs, module.shape.exit_layer)
+    q_log = F.log_softmax(module.logits(target, exit_hidden).float(), dim=-1)  # [batch, T, K]
+    p_subset = p_log.exp()[..., module.head_ids]
+    loss = -(p_subset * q_log).sum(-1).mean()
+    with torch.no_grad():
+        agree = (module.head_ids[q_log.argmax(-1)] == p_log.argmax(-1)).float().mean()
+        coverage = p_subset.sum(-1).mean()
+    return loss, {"loss": float(loss.detach()), "agree": float(agree), "coverage": float(coverage)}
+
+
+@torch.no_grad()
+def evaluate_self_draft(module: SelfDraftModule, target: Transformer, batches: list[torch.Tensor]) -> dict[str, float]:
+    """Validation: the loss, how often the draft's argmax is the target's (greedy acceptance per
+    position, teacher-forced), and the target's probability mass inside the head's subset."""
+    module.eval()
+    totals = {"loss": 0.0, "agree": 0.0, "coverage": 0.0}
+    for batch in batches:
+        _, metrics = self_draft_loss(module, target, batch)
+        for name in totals:
+            totals[name] += metrics[name] / len(batches)
+    return totals
+
+
+def _saved_dtype(target: LoadedModel) -> torch.dtype:
+    """The dtype the target's own checkpoint is stored in (a bf16 model gets a bf16 module)."""
+    name = json.loads((target.path / "config.json").read_text()).get("torch_dtype", "float32")
+    return {v: k for k, v in DTYPE_NAMES.items()}.get(name, torch.float32)
+
+
+def train_self_draft(args: TrainArgs, target_ref: str | Path, data: list[Path], *, exit_layer: int | None = None,
+                     adapter_layers: int = 1, head_tokens: int | None = None, generated_fraction: float = 0.5,
+                     n_generations: int = 256, save_to: Path | None = None) -> dict[str, object]:
+    """Train a self-draft for the target ``target_ref`` (a directory or hub id) on the text in ``data``
+    and save it to ``save_to`` (default: ``args.out_dir``). ``args.data_dir`` is ignored: the token
+    streams go to ``args.out_dir / "data"``."""
+    set_threads(args.threads)
+    torch.manual_seed(args.seed)
+    target = load_model(target_ref)  # fp32: training runs in fp32 whatever the checkpoint's dtype
+    config = target.config
+    shape = SelfDraftShape(exit_layer or default_exit_layer(config.n_layer), adapter_layers,
+                           head_tokens or default_head_tokens(config.vocab_size))
+    shape.check(config)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    eos = target.eos_token_ids[0] if target.eos_token_ids else None
+    data_dir = prepare_token_data(data, target.tokenizer, eos, config.vocab_size, args.out_dir / "data",
+                                  min_tokens=args.seq_len + 2)
+    args.data_dir = data_dir
+    tokens = load_stream(data_dir, "train", memmap=True)
+    vocab_limit = min(config.vocab_size, target.tokenizer.vocab_size if target.tokenizer else config.vocab_size)
+    head_ids = frequent_tokens(tokens, shape.head_tokens, vocab_limit, target.eos_token_ids)
+    module = SelfDraftModule.initialised_from(target.model, shape, head_ids)
+    module.requires_grad_(True)
+    target.model.requires_grad_(False)
+    coverage = float(np.isin(np.asarray(tokens[: 2_000_000]), head_ids.numpy()).mean())
+    n_module = sum(p.numel() for p in module.parameters())
+    log.info("self-draft: exit layer %d of %d, %d adapter layer(s), head of %d tokens (%.1f%% of the text's "
+             "tokens); %d trained parameters (%.3f of the target's %d)", shape.exit_layer, config.n_layer,
+             shape.adapter_layers, shape.head_tokens, 100 * coverage, n_module, n_module / target.n_params,
+             target.n_params)
+    if generated_fraction > 0:
+        generations = load_or_make_generations(args.out_dir / "generations.npy", target.model, tokens, n_generations,
+                                               PROMPT_LEN, args.seq_len + 1 - PROMPT_LEN + 64, args.seed)
+    else:
+        generations = np.zeros((0, 0), dtype=tokens.dtype)
+    sampler = MixedBatches(tokens, generations, generated_fraction, args.seed)
+    val_batches = eval_batches(load_stream(data_dir, "val"), args.eval_batches, args.batch_size, args.seq_len)
+    initial = evaluate_self_draft(module, target.model, val_batches)  # the truncated target, before training
+    summary = train_loop(module, lambda m, b: self_draft_loss(m, target.model, b), args, name="self-draft",  # type: ignore[arg-type]
+                         eval_fn=lambda m: evaluate_self_draft(m, target.model, val_batches),  # type: ignore[arg-type]
+                         sampler=sampler)
+    summary.update(target=str(target_ref), exit_layer=shape.exit_layer, adapter_layers=shape.adapter_layers,
+                   head_tokens=shape.head_tokens, text_coverage=round(coverage, 4), trained_params=n_module,
+                   target_params=target.n_params, generations=int(generations.shape[0]),
+                   **{f"initial_val_{name}": value for name, value in initial.items()})
+    (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    save_self_draft(module, config, save_to or args.out_dir, training=summary, dtype=_saved_dtype(target))
+    return summary

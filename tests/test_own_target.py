@@ -1,0 +1,189 @@
+"""Bring your own target: `quickdraft train self-draft` and `quickdraft train draft` on a model the
+project did not train, of another architecture (GPT-2) and with another tokenizer (characters, 96
+tokens), trained briefly here on standard-library text. The drafters they make load, pass the
+vocabulary check, and keep greedy output bit-identical to plain decoding."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hf_factory import hf_config, make_hf_checkpoint
+from quickdraft.cli import main as cli_main
+from quickdraft.engine import Engine
+from quickdraft.errors import ModelFormatError, QuickdraftError
+from quickdraft.model.loader import load_model
+from quickdraft.model.self_draft import (
+    CONFIG_FILE,
+    SelfDraftModule,
+    SelfDraftShape,
+    compose,
+    load_self_draft,
+    save_self_draft,
+)
+from quickdraft.train.corpus import stdlib_dir
+from quickdraft.train.self_draft import frequent_tokens
+from quickdraft.train.text_data import prepare_token_data, stream_dtype
+from tokenizer_factory import make_char_tokenizer, write_char_tokenizer
+
+SOURCES = ["argparse.py", "textwrap.py", "shlex.py", "fnmatch.py", "bisect.py", "heapq.py", "glob.py", "copy.py",
+           "string.py", "keyword.py", "numbers.py", "colorsys.py"]
+PROMPTS = ["def main(argv=None):\n    ", "import os\n\n\nclass ", "    for name in sorted(", "    return self."]
+LOOP_FLAGS = ["--batch-size", "8", "--seq-len", "64", "--eval-batches", "2", "--checkpoint-minutes", "100",
+              "--threads", "1", "--warmup-steps", "5"]
+
+
+@pytest.fixture(scope="module")
+def text_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("text")
+    for name in SOURCES:
+        shutil.copyfile(stdlib_dir() / name, root / name)
+    (root / "nested").mkdir()
+    (root / "nested" / "notes.txt").write_text("def helper(value):\n    return value\n" * 20)
+    (root / "image.bin").write_bytes(bytes(range(256)) * 8)  # not UTF-8: skipped
+    return root
+
+
+@pytest.fixture(scope="module")
+def gpt2_target(tmp_path_factory: pytest.TempPathFactory, text_dir: Path) -> Path:
+    """A 4-layer GPT-2 with a character tokenizer, trained for 120 steps by transformers itself."""
+    import transformers
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("gpt2_target")
+    model = transformers.GPT2LMHeadModel(hf_config("gpt2", vocab_size=96, num_hidden_layers=4, hidden_size=64))
+    tokenizer = make_char_tokenizer()
+    text = "".join((text_dir / name).read_text() for name in SOURCES)
+    tokens = torch.tensor(tokenizer.encode(text).ids)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(120):
+        starts = torch.randint(0, tokens.numel() - 65, (16,), generator=generator)
+        batch = torch.stack([tokens[s:s + 65] for s in starts])
+        loss = model(batch, labels=batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 3.0  # it learned something: uniform over 96 tokens is 4.56
+    model.save_pretrained(out)
+    write_char_tokenizer(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def self_draft_dir(gpt2_target: Path, text_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("self_draft")
+    code = cli_main(["train", "self-draft", "--target", str(gpt2_target), "--data", str(text_dir), "--out", str(out),
+                     "--head-tokens", "48", "--max-steps", "60", "--lr", "3e-3", "--generations", "8", *LOOP_FLAGS])
+    assert code == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def draft_dir(gpt2_target: Path, text_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("draft")
+    code = cli_main(["train", "draft", "--target", str(gpt2_target), "--data", str(text_dir), "--out", str(out),
+                     "--max-steps", "60", "--generations", "8", *LOOP_FLAGS])
+    assert code == 0
+    return out / "final"
+
+
+def _greedy_outputs(engine: Engine, **kwargs) -> list[list[int]]:
+    return [engine.generate(prompt, 48, **kwargs).token_ids for prompt in PROMPTS]
+
+
+def test_self_draft_training_raises_agreement_with_the_target(self_draft_dir: Path) -> None:
+    summary = json.loads((self_draft_dir / "summary.json").read_text())
+    # validation agreement of the draft's argmax with the target's: the truncated target, then trained
+    assert summary["val_agree"] > summary["initial_val_agree"] + 0.05, summary
+    meta = json.loads((self_draft_dir / CONFIG_FILE).read_text())
+    assert (meta["exit_layer"], meta["adapter_layers"], meta["head_tokens"]) == (1, 1, 48)
+    assert meta["target"]["model_type"] == "gpt2"
+    data = json.loads((self_draft_dir / "data" / "streams.json").read_text())
+    assert data["documents"] == len(SOURCES) + 1  # the nested text file counts, the binary one does not
+
+
+def test_self_draft_greedy_is_bit_identical_to_plain_decoding(gpt2_target: Path, self_draft_dir: Path) -> None:
+    engine = Engine(gpt2_target, f"self:{self_draft_dir}", exact=True, tree_nodes=8)
+    assert engine.drafter is not None and engine.drafter.name == "self-draft"
+    plain = _greedy_outputs(engine, gamma=0)
+    for gamma in (1, 3, "auto"):
+        assert _greedy_outputs(engine, gamma=gamma, tree=False) == plain, gamma
+    assert _greedy_outputs(engine, tree=True) == plain
+    stats = engine.generate(PROMPTS[0], 48, gamma=3, tree=False).stats
+    assert stats.drafted > 0 and stats.accepted > 0  # a trained self-draft gets tokens accepted
+
+
+def test_a_draft_trained_for_any_target_loads_everywhere_and_keeps_greedy_exact(gpt2_target: Path,
+                                                                                draft_dir: Path) -> None:
+    import transformers
+
+    assert transformers.AutoModelForCausalLM.from_pretrained(draft_dir) is not None
+    target = load_model(gpt2_target)
+    draft = load_model(draft_dir)
+    assert draft.config.vocab_size == target.config.vocab_size and draft.n_params < target.n_params / 3
+    assert (draft_dir / "tokenizer.json").read_text() == (gpt2_target / "tokenizer.json").read_text()
+    engine = Engine(target, draft_dir, exact=True)  # the vocabulary check runs here
+    plain = _greedy_outputs(engine, gamma=0)
+    assert _greedy_outputs(engine, gamma=3) == plain
+    assert engine.generate(PROMPTS[0], 48, gamma=3).stats.accepted > 0
+
+
+def test_self_draft_of_another_target_is_refused_with_a_clear_error(self_draft_dir: Path, tmp_path: Path) -> None:
+    other = load_model(make_hf_checkpoint("gpt2", tmp_path / "other", num_hidden_layers=4, hidden_size=32))
+    with pytest.raises(QuickdraftError, match="trained for another target"):
+        load_self_draft(self_draft_dir, other)
+    with pytest.raises(ModelFormatError, match="train one with `quickdraft train self-draft"):
+        Engine(other, "self")  # no TARGET/self_draft
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_subset_head_scatters_its_logits_and_drafts_only_its_tokens(arch: str, tmp_path: Path) -> None:
+    target = load_model(make_hf_checkpoint(arch, tmp_path / "t", num_hidden_layers=3, hidden_size=64))
+    head_ids = torch.tensor([0, 5, 9, 17, 40, 41, 63, 80])
+    module = SelfDraftModule.initialised_from(target.model, SelfDraftShape(1, 1, 8), head_ids)
+    draft = compose(target.model, module)
+    tokens = torch.tensor([[3, 7, 11, 2]])
+    logits = draft(tokens)[0]  # [T, vocab]
+    outside = torch.ones(target.config.vocab_size, dtype=torch.bool)
+    outside[head_ids] = False
+    assert torch.isinf(logits[:, outside]).all() and torch.isfinite(logits[:, head_ids]).all()
+    # the scattered rows are the head's own: layer 1, the adapter (a copy of layer 1), norm, subset head
+    streams: list[torch.Tensor] = []
+    target.model.hidden_states(tokens, collect=streams)
+    expected = module.logits(target.model, streams[0])[0]
+    torch.testing.assert_close(logits[:, head_ids], expected, rtol=0, atol=0)
+    save_self_draft(module, target.config, tmp_path / "sd")
+    engine = Engine(target, f"self:{tmp_path / 'sd'}", exact=True)
+    plain = engine.generate([3, 7, 11], 32, gamma=0).token_ids
+    result = engine.generate([3, 7, 11], 32, gamma=4)
+    assert result.token_ids == plain and result.stats.drafted > 0
+
+
+def test_frequent_tokens_ranks_by_count_keeps_eos_and_ascends() -> None:
+    tokens = np.array([5, 5, 5, 2, 2, 9, 9, 9, 9, 7], dtype=np.uint16)
+    assert frequent_tokens(tokens, 3, 12, always=(0,)).tolist() == [0, 5, 9]
+    assert frequent_tokens(tokens, 4, 12, always=()).tolist() == [2, 5, 7, 9]  # 7 ties 0..; the count wins
+    assert frequent_tokens(tokens, 2, 6, always=()).tolist() == [2, 5]  # ids >= the limit never
+
+
+def test_text_data_uses_wide_tokens_for_a_large_vocabulary_and_refuses_too_little_text(tmp_path: Path,
+                                                                                       text_dir: Path) -> None:
+    from quickdraft.model.tokenizer import Tokenizer
+
+    write_char_tokenizer(tmp_path / "tok")
+    tokenizer = Tokenizer.from_dir(tmp_path / "tok")
+    wide = prepare_token_data([text_dir], tokenizer, 0, 151_936, tmp_path / "wide", min_tokens=66)
+    assert stream_dtype(wide) == np.uint32
+    narrow = prepare_token_data([text_dir / "copy.py"], tokenizer, 0, 96, tmp_path / "narrow", min_tokens=66)
+    assert stream_dtype(narrow) == np.uint16
+    (tmp_path / "short.txt").write_text("x = 1\n")
+    with pytest.raises(QuickdraftError, match="too little text"):
+        prepare_token_data([tmp_path / "short.txt"], tokenizer, 0, 96, tmp_path / "short", min_tokens=66)
+    with pytest.raises(QuickdraftError, match="no such file"):
+        prepare_token_data([tmp_path / "missing"], tokenizer, 0, 96, tmp_path / "missing_out", min_tokens=66)
