@@ -115,6 +115,8 @@ def test_self_draft_greedy_is_bit_identical_to_plain_decoding(gpt2_target: Path,
     for gamma in (1, 3, "auto"):
         assert _greedy_outputs(engine, gamma=gamma, tree=False) == plain, gamma
     assert _greedy_outputs(engine, tree=True) == plain
+    # the continuous-batching scheduler drafts for every sequence at once with the same module
+    assert [r.token_ids for r in engine.generate_batch(PROMPTS, 48, gamma=3)] == plain
     stats = engine.generate(PROMPTS[0], 48, gamma=3, tree=False).stats
     assert stats.drafted > 0 and stats.accepted > 0  # a trained self-draft gets tokens accepted
 

@@ -185,6 +185,31 @@ def test_multi_layer_sampling_matches_target_distribution(pair, drafter, prompt,
     assert min(p_values.values()) > ALPHA, p_values
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("rule,temperature,top_k,top_p", [("rejection", 1.0, 0, 1.0), ("rejection", 0.8, 5, 0.9),
+                                                         ("coupled", 0.8, 5, 0.9)])
+def test_self_draft_sampling_matches_target_distribution(pair, rule, temperature, top_k, top_p, tmp_path):
+    """A self-draft (the 2-layer target's first layer, a perturbed adapter, a head over 8 of the 12
+    tokens): its q gives the 4 tokens outside the head probability 0, which the target still
+    produces through the residual (rejection) or its own race (coupled)."""
+    from quickdraft.model.self_draft import SelfDraftModule, SelfDraftShape, save_self_draft
+
+    target, _ = pair
+    module = SelfDraftModule.initialised_from(target.model, SelfDraftShape(1, 1, 8), torch.tensor([0, 1, 2, 3, 5, 6, 8, 9]))
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in module.adapters.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.3 * p.std())
+    save_self_draft(module, target.config, tmp_path / "self_draft")
+    params = SamplingParams(temperature, top_k, top_p, rule=rule)  # truncation over -inf logits too
+    engine = Engine(target, f"self:{tmp_path / 'self_draft'}", exact=False)
+    samples = speculative_samples(engine, params, 3, N_SAMPLES_MULTI_LAYER)
+    assert engine.generate(PROMPT, 16, SamplingParams(1.0, seed=0), gamma=3).stats.accepted > 0
+    assert np.isin(samples, [4, 7, 10, 11]).any()  # tokens the draft cannot propose still come out
+    p_values = fit_p_values(samples, exact_joint(target, params))
+    assert min(p_values.values()) > ALPHA, p_values
+
+
 def test_chi_square_detects_a_verifier_that_accepts_every_draft(bigram_pair, monkeypatch):
     """The test has power: accepting every draft token yields the drafter's distribution, and
     the same goodness-of-fit check rejects it."""

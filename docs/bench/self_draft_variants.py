@@ -1,11 +1,12 @@
 """Self-draft shapes compared in one process: which exit layer, adapter and head pay (issue 18).
 
     .venv/bin/python docs/bench/self_draft_variants.py DIR [DIR ...] [--threads 1] [--prompts 8] [--tokens 96]
+                                                       [--rounds 3] [--gammas auto,4]
 
 Each DIR is a trained self-draft (``quickdraft train self-draft --out DIR``) for the embedded target.
 For every variant, on the bench's prompts, in rounds that interleave the variants: plain decoding,
-the self-draft with γ auto (greedy, and seeded at T = 0.8), and early exit at the same layer for
-comparison. Reported: median tokens/s and speedup over plain per round, the acceptance rate, mean
+the self-draft at each ``--gammas`` (greedy, and seeded at T = 0.8), and early exit at the same
+layer for comparison. Reported: median tokens/s and speedup over plain per round, the acceptance rate, mean
 accepted length per target call, and c = draft step / plain step.
 """
 
@@ -51,6 +52,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--gammas", default="auto", help="comma-separated γ for the drafters (auto or integers)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target = load_model(default_target_path(), dtype="auto")
@@ -61,14 +63,16 @@ def main() -> None:
         layer = json.loads((path / "self_draft.json").read_text())["exit_layer"]
         engines.setdefault(f"early-exit:{layer}", Engine(target, f"early-exit:{layer}", exact=True))
     settings = {"greedy": None, "T=0.8": SamplingParams(0.8)}
+    gammas = [g if g == "auto" else int(g) for g in args.gammas.split(",")]
     results: dict[tuple[str, str], list[dict]] = {}
     for name, engine in engines.items():  # warm-up
         engine.generate(prompts[0], 16, gamma=0 if name == "plain" else "auto")
     for _ in range(args.rounds):
         for label, sampling in settings.items():
             for name, engine in engines.items():
-                gamma = 0 if name == "plain" else "auto"
-                results.setdefault((name, label), []).append(run(engine, prompts, args.tokens, sampling, gamma))
+                for gamma in [0] if name == "plain" else gammas:
+                    key = (name if name == "plain" else f"{name} γ={gamma}", label)
+                    results.setdefault(key, []).append(run(engine, prompts, args.tokens, sampling, gamma))
     print(f"| variant | decoding | tokens/s | speedup | acceptance | tokens/call | draft ms | c |")
     print("|---|---|---|---|---|---|---|---|")
     for (name, label), rounds in results.items():

@@ -404,7 +404,10 @@ class Engine:
             elapsed = time.perf_counter() - t0
             stats.drafter_seconds += elapsed
             stats.drafter_calls += draft.forward_calls
-            drafter_seconds = elapsed / draft.forward_calls if draft.forward_calls else None
+            # c, the cost ratio auto γ plans with, is a draft step's: a catch-up feed would inflate it
+            # after every run of plain steps, and auto would then keep decoding plainly
+            steps = elapsed - draft.catch_up_seconds
+            drafter_seconds = steps / draft.forward_calls if draft.forward_calls else None
         t0 = time.perf_counter()
         logits = self._target_forward([tokens[-1], *draft.tokens], cache, pad_to=rows)
         p = None if sampling.greedy else probabilities(logits, sampling)

@@ -30,6 +30,9 @@ class Draft:
     tokens: list[int]
     q: torch.Tensor | None  # [len(tokens), vocab], or None for point masses
     forward_calls: int = 0  # drafter forward passes spent on this proposal
+    # of the proposal's time, what went to feeding tokens the drafter fell behind on (the prompt, or
+    # the tokens of plain steps between drafts): a cost of its own, not of the draft's steps
+    catch_up_seconds: float = 0.0
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -12,13 +13,14 @@ from quickdraft.errors import VocabularyMismatchError
 from quickdraft.model.compiled import CompiledSteps, CompiledTreeSteps, static_capacity
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.loader import LoadedModel
-from quickdraft.model.transformer import KERNEL_ATTENTION_ROWS
 from quickdraft.model.tokenizer import Tokenizer
 from quickdraft.randomness import TokenSampler
 from quickdraft.sampling import SamplingParams
 from quickdraft.tree import TokenTree
 
-PREFILL_AFTER = 8  # a feed longer than this (the prompt) skips the LM head for all but its last token
+# A proposal normally feeds one or two tokens first (the last accepted draft token, the target's
+# own); more pending tokens are a catch-up (the prompt, plain steps), prefilled and timed apart.
+CATCH_UP_AFTER = 2
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +87,8 @@ class DraftModelDrafter(Drafter):
         self.vocab_limit = context.vocab_limit
 
     def _forward(self, tokens: list[int]) -> torch.Tensor:
-        """The logits after feeding ``tokens``; a long feed (the prompt) goes in as a prefill but for
-        its last token, so that the LM head runs for one row."""
+        """The logits after feeding ``tokens`` (at most CATCH_UP_AFTER: ``_catch_up`` prefilled the rest)."""
         assert self.cache is not None
-        if len(tokens) > PREFILL_AFTER:
-            self.model.prefill(torch.tensor([tokens[:-1]], device=self.model.device), self.cache.length, self.cache)
-            self.cache.length += len(tokens) - 1
-            tokens = tokens[-1:]
         logits = self.steps.run(tokens, self.cache.length, self.cache)[-1, : self.vocab_limit]
         self.cache.length += len(tokens)
         return logits
@@ -106,15 +103,30 @@ class DraftModelDrafter(Drafter):
         confidence_stop: float | None = None,
     ) -> Draft:
         assert self.cache is not None, "begin() first"
-        if (sampling.greedy and confidence_stop is None and self.model.native is not None
-                and len(tokens) - self.cache.length <= KERNEL_ATTENTION_ROWS):  # longer: a prefill, torch's kernels
-            return self._propose_greedy_natively(tokens, k)
-        logits = self._forward(tokens[self.cache.length :])
-        self._base = len(tokens)
-        draft = draft_autoregressively(logits, lambda t: self._forward([t]), k, sampling, sampler, len(tokens),
-                                       confidence_stop)
-        self._fed = draft.forward_calls - 1  # drafted tokens now in the cache
+        catch_up = self._catch_up(tokens)
+        if sampling.greedy and confidence_stop is None and self.model.native is not None:
+            draft = self._propose_greedy_natively(tokens, k)
+        else:
+            logits = self._forward(tokens[self.cache.length :])
+            self._base = len(tokens)
+            draft = draft_autoregressively(logits, lambda t: self._forward([t]), k, sampling, sampler, len(tokens),
+                                           confidence_stop)
+            self._fed = draft.forward_calls - 1  # drafted tokens now in the cache
+        draft.catch_up_seconds = catch_up
         return draft
+
+    def _catch_up(self, tokens: list[int]) -> float:
+        """Prefill all but the last of the pending tokens when more than CATCH_UP_AFTER are pending
+        (cache writes only, the same bits as feeding them); the seconds it took."""
+        assert self.cache is not None
+        pending = len(tokens) - self.cache.length
+        if pending <= CATCH_UP_AFTER:
+            return 0.0
+        start = time.perf_counter()
+        self.model.prefill(torch.tensor([tokens[self.cache.length:-1]], device=self.model.device), self.cache.length,
+                           self.cache)
+        self.cache.length = len(tokens) - 1
+        return time.perf_counter() - start
 
     def _propose_greedy_natively(self, tokens: list[int], k: int) -> Draft:
         """``propose``'s greedy chain as one C++ call (the same forwards and argmaxes): on the
@@ -135,6 +147,7 @@ class DraftModelDrafter(Drafter):
                      sampler: TokenSampler) -> TokenTree:
         """Grown node j sits at cache slot len(tokens) + j while the tree grows."""
         assert self.cache is not None, "begin() first"
+        self._catch_up(tokens)
         root_logits = self._forward(tokens[self.cache.length :])
         base = self._base = len(tokens)
         if base + shape.grown_nodes > self.cache.capacity:

@@ -256,7 +256,8 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
                        "(the module), checkpoint.pt (--resume), history.json and the token streams.")
     _add_loop_flags(p, batch_size=8, lr=1e-3, max_steps=2000, text_data=True)
     p.add_argument("--target", required=True, help="the target: a model directory or hub id")
-    p.add_argument("--exit-layer", type=int, default=None, help="target layers the draft runs (default: a third)")
+    p.add_argument("--exit-layer", type=int, default=None,
+                   help="target layers the draft runs (default: one in 16, at least one)")
     p.add_argument("--adapter-layers", type=int, default=1, help="trained decoder layers on top (default 1)")
     p.add_argument("--head-tokens", type=int, default=None,
                    help="rows of the draft's LM head: the most frequent tokens (default: a quarter of the vocabulary, "

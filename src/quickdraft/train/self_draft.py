@@ -36,8 +36,11 @@ PROMPT_LEN = 32  # corpus prefix each target generation continues
 
 
 def default_exit_layer(n_layer: int) -> int:
-    """A third of the target's layers (at least one): the embedded 6-layer target exits after 2."""
-    return max(1, min(n_layer - 1, round(n_layer / 3)))
+    """One target layer in 16 (at least one): 2 of a 32-layer model, as Kangaroo drafts with on
+    Vicuna-7B; 1 of the embedded 6-layer target, where a draft step costs about its share of the
+    weights and exit layer 1 with one adapter beat exit layer 2 with or without one (BENCHMARKS.md,
+    "Self-draft shapes")."""
+    return max(1, min(n_layer - 1, round(n_layer / 16)))
 
 
 def frequent_tokens(tokens: np.ndarray, k: int, vocab_limit: int, always: tuple[int, ...]) -> torch.Tensor:
