@@ -73,7 +73,7 @@ def main() -> None:
                 for gamma in [0] if name == "plain" else gammas:
                     key = (name if name == "plain" else f"{name} γ={gamma}", label)
                     results.setdefault(key, []).append(run(engine, prompts, args.tokens, sampling, gamma))
-    print(f"| variant | decoding | tokens/s | speedup | acceptance | tokens/call | draft ms | c |")
+    print("| variant | decoding | tokens/s | speedup | acceptance | tokens/call | draft ms | c |")
     print("|---|---|---|---|---|---|---|---|")
     for (name, label), rounds in results.items():
         plain = results[("plain", label)]
