@@ -79,3 +79,35 @@ def test_prompt_lookup_on_repetitive_input_accepts_long_runs(models):
     spec = engine.generate(prompt, 60, gamma=8)
     assert spec.token_ids == engine.generate(prompt, 60, gamma=0).token_ids
     assert spec.stats.mean_accepted_length > 3
+
+
+def test_a_draft_model_that_fell_behind_catches_up_apart_from_its_draft_steps(models):
+    """The prompt, or plain steps between drafts, are prefilled and timed as catch-up (auto γ plans
+    with the draft step's own cost); a proposal right after the last one catches nothing up, and
+    the catch-up leaves the drafts of a drafter that never fell behind."""
+    from quickdraft.drafters.base import DraftContext
+    from quickdraft.drafters.draft_model import DraftModelDrafter
+    from quickdraft.randomness import sampler_for
+
+    target = models["target"].model
+    behind, step_by_step = DraftModelDrafter(models["related"]), DraftModelDrafter(models["related"])
+    prompt = list(range(3, 40))
+    for drafter in (behind, step_by_step):
+        drafter.begin(prompt, DraftContext(target, target.new_cache(128), 128, drafter.vocab_limit))
+    sampler = sampler_for(GREEDY)
+    first = behind.propose(prompt, 3, GREEDY, sampler)
+    assert first.catch_up_seconds > 0 and len(first.tokens) == 3
+    behind.accept(3)
+    tokens = prompt + first.tokens + [5]
+    assert behind.propose(tokens, 3, GREEDY, sampler).catch_up_seconds == 0.0
+    behind.accept(0)
+    # 20 plain steps later: both drafters see the same long feed; one fed every token as it came
+    later = tokens + list(range(10, 30))
+    step_by_step.propose(prompt, 3, GREEDY, sampler)
+    step_by_step.accept(3)
+    for n in range(len(tokens), len(later)):
+        step_by_step.propose(later[:n], 1, GREEDY, sampler)
+        step_by_step.accept(1)
+    caught_up = behind.propose(later, 4, GREEDY, sampler)
+    assert caught_up.catch_up_seconds > 0
+    assert caught_up.tokens == step_by_step.propose(later, 4, GREEDY, sampler).tokens

@@ -252,7 +252,7 @@ def test_a_greedy_draft_in_one_call_is_the_step_by_step_draft(checkpoints, dtype
             drafter.accept(accepted)
         assert drafters[0].cache.length == drafters[1].cache.length
         tokens += one_call.tokens[:accepted] + [7]  # the target's own next token
-    assert len(calls) == 3  # every proposal but the first, whose 80 prompt tokens are a prefill
+    assert len(calls) == 4  # every proposal: the 80 prompt tokens are prefilled first (a catch-up), then drafted from
     length = drafters[0].cache.length
     assert all(torch.equal(a[:, :, :length], b[:, :, :length])
                for a, b in zip(drafters[0].cache.keys + drafters[0].cache.values,

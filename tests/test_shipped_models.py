@@ -39,7 +39,7 @@ def test_shipped_files_are_complete_and_small() -> None:
         for model_dir in (root / "target", root / "draft"):
             for name in MODEL_FILES:
                 assert (model_dir / name).exists(), f"{model_dir / name} is missing"
-            total += sum(f.stat().st_size for f in model_dir.iterdir())
+            total += sum(f.stat().st_size for f in model_dir.rglob("*") if f.is_file())  # self_draft/ included
     assert total <= 80 * 2**20, f"shipped models take {total / 2**20:.1f} MiB, over the 80 MiB budget"
 
 
@@ -125,3 +125,23 @@ def test_copy_pair_copies_its_context(which: str) -> None:
     scores = repeat_top1(model.model, repeated_held_out_spans(model))
     assert scores["repeat_top1"] >= 0.6, scores
     assert scores["repeat_top1"] >= scores["first_top1"] + 0.25, scores
+
+
+SELF_DRAFT = ASSETS / "target" / "self_draft"
+
+
+@pytest.mark.skipif(not (SELF_DRAFT / "self_draft.json").exists(), reason="no shipped self-draft")
+def test_the_default_target_ships_a_self_draft_that_keeps_greedy_exact_and_gets_accepted() -> None:
+    from quickdraft.engine import Engine
+    from quickdraft.model.self_draft import load_self_draft
+
+    target = load_model(ASSETS / "target", dtype="auto")
+    draft = load_self_draft(SELF_DRAFT, target)
+    assert draft.model.head_ids is not None and draft.n_params < target.n_params  # shares the target's layers
+    module_bytes = sum(f.stat().st_size for f in SELF_DRAFT.iterdir())
+    assert module_bytes < 0.25 * (ASSETS / "target" / "model.safetensors").stat().st_size
+    engine = Engine(target, "self", exact=True)  # found beside the target
+    plain = engine.generate(SNIPPET, 64, gamma=0).token_ids
+    result = engine.generate(SNIPPET, 64, gamma=4)
+    assert result.token_ids == plain
+    assert result.stats.acceptance_rate > 0.5, result.stats  # trained: most drafted tokens are the target's

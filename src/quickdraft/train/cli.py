@@ -158,11 +158,21 @@ def _cmd_install(ns: argparse.Namespace) -> int:
         if missing:
             print(f"error: {missing[0]} is missing; train and export the {name} first", file=sys.stderr)
             return 1
+    if ns.self_draft is not None and not (ns.self_draft / "self_draft.json").exists():
+        print(f"error: {ns.self_draft / 'self_draft.json'} is missing; run quickdraft train self-draft first",
+              file=sys.stderr)
+        return 1
     for name, source in (("target", ns.target), ("draft", ns.draft)):
         dest = dest_root / name
         dest.mkdir(parents=True, exist_ok=True)
         for file in SHIPPED_FILES:
             shutil.copyfile(source / file, dest / file)
+    if ns.self_draft is not None:  # the target's self-draft module, where --drafter self finds it
+        from quickdraft.model.self_draft import CONFIG_FILE, DEFAULT_DIR, WEIGHTS_FILE
+
+        (dest_root / "target" / DEFAULT_DIR).mkdir(exist_ok=True)
+        for file in (CONFIG_FILE, WEIGHTS_FILE):
+            shutil.copyfile(ns.self_draft / file, dest_root / "target" / DEFAULT_DIR / file)
     if ns.target_dtype == "bf16":  # the draft stays fp32: it runs in fp32 on CPU (default_draft_dtype)
         import torch
 
@@ -291,6 +301,8 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--pair", choices=tuple(EMBEDDED_PAIRS), default=DEFAULT_PAIR,
                    help="which embedded pair to replace (default: embedded, the default pair)")
     p.add_argument("--dest", type=Path, default=None, help="install here instead (DEST/target, DEST/draft)")
+    p.add_argument("--self-draft", type=Path, default=None, metavar="DIR",
+                   help="also install this self-draft (quickdraft train self-draft --out DIR) beside the target")
     p.add_argument("--target-dtype", choices=("bf16", "fp32"), default="bf16",
                    help="storage of the target's weights (bf16: both shipped pairs fit the 80 MB budget)")
     p.set_defaults(func=_cmd_install)
