@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -132,3 +133,18 @@ def test_loading_holds_the_weights_once(tmp_path):
     info = json.loads(out.stdout)
     assert info["weight_bytes"] > 50_000_000
     assert info["rss_added_by_loading_bytes"] <= 1.15 * info["weight_bytes"] + 8 * 2**20
+
+
+def test_generate_with_the_shipped_self_draft_matches_plain_decoding(capsys):
+    """`--drafter self` on the default target finds its self-draft beside it (no draft model loaded)."""
+    from quickdraft.assets import default_target_path
+    from quickdraft.model.self_draft import is_self_draft_dir
+
+    target = default_target_path()
+    if not is_self_draft_dir(Path(target) / "self_draft"):
+        pytest.skip("no shipped self-draft")
+    out = run_json(capsys, "generate", "--drafter", "self", "--prompt", "def f(x):", "--max-new-tokens", "24",
+                   "--gamma", "3", "--json")
+    plain = run_json(capsys, "generate", "--no-draft", "--prompt", "def f(x):", "--max-new-tokens", "24", "--json")
+    assert out["stats"]["drafter"] == "self-draft" and out["stats"]["drafted"] > 0
+    assert out["token_ids"] == plain["token_ids"]
