@@ -107,7 +107,6 @@ def _cmd_target(ns: argparse.Namespace) -> int:
 
 def _cmd_draft(ns: argparse.Namespace) -> int:
     from quickdraft.train.distill import train_draft
-
     from quickdraft.train.text_data import is_token_corpus
 
     overrides = {f.name: getattr(ns, f.name) for f in fields(ModelShape) if getattr(ns, f.name) is not None}
