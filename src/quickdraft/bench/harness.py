@@ -377,6 +377,8 @@ class Bench:
                 add(f"self-draft auto{suffix}", "self-draft", "auto", False, temperature)
                 if temperature == 0 and s.exact:
                     add("self-draft auto exact", "self-draft", "auto", True, temperature)
+                if temperature > 0:
+                    add(f"self-draft auto rejection{suffix}", "self-draft", "auto", False, temperature, "rejection")
             if not full and draft is not None:
                 continue
             if s.early_exit and target.config.n_layer > 1:
