@@ -144,11 +144,12 @@ def test_self_draft_of_another_target_is_refused_with_a_clear_error(self_draft_d
         Engine(other, "self")  # no TARGET/self_draft
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_a_subset_head_scatters_its_logits_and_drafts_only_its_tokens(arch: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("arch,adapter_mlp", [("llama", True), ("qwen2", True), ("llama", False)])
+def test_a_subset_head_scatters_its_logits_and_drafts_only_its_tokens(arch: str, adapter_mlp: bool,
+                                                                      tmp_path: Path) -> None:
     target = load_model(make_hf_checkpoint(arch, tmp_path / "t", num_hidden_layers=3, hidden_size=64))
     head_ids = torch.tensor([0, 5, 9, 17, 40, 41, 63, 80])
-    module = SelfDraftModule.initialised_from(target.model, SelfDraftShape(1, 1, 8), head_ids)
+    module = SelfDraftModule.initialised_from(target.model, SelfDraftShape(1, 1, 8, adapter_mlp), head_ids)
     draft = compose(target.model, module)
     tokens = torch.tensor([[3, 7, 11, 2]])
     logits = draft(tokens)[0]  # [T, vocab]
@@ -160,6 +161,10 @@ def test_a_subset_head_scatters_its_logits_and_drafts_only_its_tokens(arch: str,
     target.model.hidden_states(tokens, collect=streams)
     expected = module.logits(target.model, streams[0])[0]
     torch.testing.assert_close(logits[:, head_ids], expected, rtol=0, atol=0)
+    if draft.pack_products() and draft.native is not None:  # the C++ forward, attention-only layers included
+        cached = draft(tokens, 0, draft.new_cache(16))[0]
+        torch.testing.assert_close(cached[:, head_ids], expected, rtol=1e-4, atol=1e-4)
+        assert torch.isinf(cached[:, outside]).all()
     save_self_draft(module, target.config, tmp_path / "sd")
     engine = Engine(target, f"self:{tmp_path / 'sd'}", exact=True)
     plain = engine.generate([3, 7, 11], 32, gamma=0).token_ids

@@ -683,7 +683,8 @@ at::Tensor rms_norm_bf16(const at::Tensor& x, const at::Tensor& weight, double e
 // own included. The residual stream stays bf16 between ops, as the eager model's does.
 //
 // weights: embed [V, E]; per layer: attn_norm [E], qkv (packed), qkv_bias (fp32, or empty),
-// out (packed), mlp_norm [E], up (packed, gate then up), down (packed); then norm [E], head (packed).
+// out (packed), mlp_norm [E], up (packed, gate then up), down (packed) (all three empty: a layer without
+// an MLP); then norm [E], head (packed).
 template <typename T>
 at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,
                         const at::Tensor& mask, const at::Tensor& cos, const at::Tensor& signed_sin,
@@ -762,6 +763,7 @@ at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions,
     check_packed_for(h, w[3], q_dim, e);
     linear_rows(att, m, w[3], nullptr, e, proj);
     add_into_residual(proj);
+    if (w[5].numel() == 0) continue;  // an attention-only layer (a self-draft's exit adapter): no MLP
     rms_norm_rows(h, m, e, w[4].data_ptr<T>(), static_cast<float>(eps), xn);
     check_packed_for(h, w[5], e, 2 * intermediate);
     linear_rows(xn, m, w[5], nullptr, 2 * intermediate, gu);

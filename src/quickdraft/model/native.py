@@ -42,9 +42,10 @@ class NativeForward:
         weights = [model.embed.weight.detach()]
         for block in model.layers:
             bias = block.attn.qkv.bias
+            mlp = ([empty] * 3 if block.mlp is None  # an attention-only layer: the kernel skips its MLP
+                   else [block.mlp_norm.weight.detach(), packed(block.mlp.up), packed(block.mlp.down)])
             weights += [block.attn_norm.weight.detach(), packed(block.attn.qkv),
-                        empty if bias is None else bias.detach().float().contiguous(), packed(block.attn.out),
-                        block.mlp_norm.weight.detach(), packed(block.mlp.up), packed(block.mlp.down)]
+                        empty if bias is None else bias.detach().float().contiguous(), packed(block.attn.out), *mlp]
         weights += [model.norm.weight.detach(), packed(model.lm_head)]
         self.weights = weights
         self.shape = (c.n_head, c.n_kv_head, c.head_dim, c.intermediate_size, model.lm_head.out_features)

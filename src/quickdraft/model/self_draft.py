@@ -13,10 +13,12 @@ ordinary distribution that gives the tokens it cannot draft probability 0.
 On disk (``quickdraft train self-draft``; looked up at TARGET/self_draft by ``--drafter self``):
 
     self_draft.json     {"format": "quickdraft-self-draft", "version": 1, "exit_layer": L,
-                         "adapter_layers": A, "head_tokens": K, "target": {model_type, n_embd,
-                         n_layer, vocab_size, head_dim}, "training": {...}}
+                         "adapter_layers": A, "head_tokens": K, "adapter_mlp": true | false,
+                         "target": {model_type, n_embd, n_layer, vocab_size, head_dim},
+                         "training": {...}}
     model.safetensors   adapters.{i}.*  decoder blocks in quickdraft's layout (attn.qkv, attn.out,
-                                        mlp.up = [gate; up], mlp.down, attn_norm, mlp_norm)
+                                        attn_norm; with adapter_mlp also mlp.up = [gate; up],
+                                        mlp.down, mlp_norm)
                         norm.*          final norm (weight, and bias for GPT-2's LayerNorm)
                         lm_head.weight  [K, n_embd]
                         head_ids        [K] int64, ascending token ids of the head's rows
@@ -49,6 +51,7 @@ class SelfDraftShape:
     exit_layer: int  # target layers the draft runs (L)
     adapter_layers: int  # trained decoder layers on top of them (A)
     head_tokens: int  # rows of the draft's LM head (K)
+    adapter_mlp: bool = True  # False: attention-only adapters (Kangaroo's), a third of a layer's weights here
 
     def check(self, target: ModelConfig) -> None:
         if not 1 <= self.exit_layer <= target.n_layer - 1:
@@ -75,7 +78,7 @@ class SelfDraftModule(nn.Module):
             raise ValueError(f"{head_ids.numel()} head ids for a head of {shape.head_tokens} tokens")
         self.shape = shape
         self.config = replace(target.config, n_layer=shape.exit_layer + shape.adapter_layers, tie_word_embeddings=False)
-        self.adapters = nn.ModuleList(Block(target.config) for _ in range(shape.adapter_layers))
+        self.adapters = nn.ModuleList(Block(target.config, mlp=shape.adapter_mlp) for _ in range(shape.adapter_layers))
         self.norm = copy.deepcopy(target.norm)
         self.lm_head = nn.Linear(target.config.n_embd, shape.head_tokens, bias=False)
         self.register_buffer("head_ids", head_ids.to(torch.long).sort().values)
@@ -89,8 +92,9 @@ class SelfDraftModule(nn.Module):
         module = cls(target, shape, head_ids)
         n = target.config.n_layer
         with torch.no_grad():
-            for i, adapter in enumerate(module.adapters):
-                adapter.load_state_dict(target.layers[min(shape.exit_layer + i, n - 1)].state_dict())
+            for i, adapter in enumerate(module.adapters):  # without an MLP: the layer's attention part
+                source = target.layers[min(shape.exit_layer + i, n - 1)].state_dict()
+                adapter.load_state_dict({k: v for k, v in source.items() if k in adapter.state_dict()})
             module.lm_head.weight.copy_(target.lm_head.weight[module.head_ids])
         return module
 
@@ -131,7 +135,7 @@ def save_self_draft(module: SelfDraftModule, target: ModelConfig, out_dir: Path,
     shape = module.shape
     meta = {"format": FORMAT, "version": VERSION, "exit_layer": shape.exit_layer,
             "adapter_layers": shape.adapter_layers, "head_tokens": shape.head_tokens,
-            "target": _target_fingerprint(target), "training": training or {}}
+            "adapter_mlp": shape.adapter_mlp, "target": _target_fingerprint(target), "training": training or {}}
     (out_dir / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
 
@@ -160,7 +164,8 @@ def load_self_draft(path: str | Path, target: LoadedModel) -> LoadedModel:
     if differ:
         raise QuickdraftError(f"the self-draft at {path} was trained for another target (field: saved, this "
                               f"target): {differ}; train one for this target with `quickdraft train self-draft`")
-    shape = SelfDraftShape(int(meta["exit_layer"]), int(meta["adapter_layers"]), int(meta["head_tokens"]))
+    shape = SelfDraftShape(int(meta["exit_layer"]), int(meta["adapter_layers"]), int(meta["head_tokens"]),
+                           bool(meta.get("adapter_mlp", True)))
     try:
         state = load_file(str(path / WEIGHTS_FILE))
     except (SafetensorError, FileNotFoundError, OSError) as exc:

@@ -247,12 +247,21 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    """A decoder layer; ``mlp=False`` leaves out its MLP (a self-draft's attention-only exit adapter,
+    as Kangaroo's)."""
+
+    def __init__(self, config: ModelConfig, *, mlp: bool = True) -> None:
         super().__init__()
         self.attn_norm = _make_norm(config)
         self.attn = Attention(config)
-        self.mlp_norm = _make_norm(config)
-        self.mlp = MLP(config)
+        self.mlp_norm = _make_norm(config) if mlp else None
+        self.mlp = MLP(config) if mlp else None
+
+    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The residual stream after the MLP (unchanged without one)."""
+        if self.mlp is None or self.mlp_norm is None:
+            return x
+        return x + self.mlp(self.mlp_norm(x))
 
 
 def _room_for_packed_copy(model: nn.Module) -> bool:
@@ -431,7 +440,7 @@ class Transformer(nn.Module):
         rope = None if self.pos_embed is not None else self._rope(torch.arange(t, device=hidden.device), t)
         for block in blocks:
             hidden = hidden + block.attn(block.attn_norm(hidden), rope, None, None, slice(0, t), t, None)
-            hidden = hidden + block.mlp(block.mlp_norm(hidden))
+            hidden = block.feed_forward(hidden)
         return hidden
 
     def _attention_mask(self, positions: torch.Tensor, kv_len: int, windowed: bool) -> torch.Tensor:
@@ -461,7 +470,7 @@ class Transformer(nn.Module):
             if cache is not None:
                 keys, values = cache.keys[i], cache.values[i]
             x = x + block.attn(block.attn_norm(x), rope, keys, values, slots, kv_len, mask, attend)
-            x = x + block.mlp(block.mlp_norm(x))
+            x = block.feed_forward(x)
             if collect is not None:
                 collect.append(x)
         return x

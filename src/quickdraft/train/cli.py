@@ -123,7 +123,7 @@ def _cmd_self_draft(ns: argparse.Namespace) -> int:
     from quickdraft.train.self_draft import train_self_draft
 
     summary = train_self_draft(_train_args(ns), ns.target, ns.data, exit_layer=ns.exit_layer,
-                               adapter_layers=ns.adapter_layers, head_tokens=ns.head_tokens,
+                               adapter_layers=ns.adapter_layers, head_tokens=ns.head_tokens, adapter_mlp=ns.adapter_mlp,
                                generated_fraction=ns.generated_fraction, n_generations=ns.generations)
     print(json.dumps(summary, indent=2))
     print(f"saved the self-draft to {ns.out}; use it with --drafter self:{ns.out}", file=sys.stderr)
@@ -268,6 +268,8 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--exit-layer", type=int, default=None,
                    help="target layers the draft runs (default: one in 16, at least one)")
     p.add_argument("--adapter-layers", type=int, default=1, help="trained decoder layers on top (default 1)")
+    p.add_argument("--adapter-mlp", action=argparse.BooleanOptionalAction, default=True,
+                   help="adapters with an MLP (default), or attention-only (--no-adapter-mlp, as Kangaroo's)")
     p.add_argument("--head-tokens", type=int, default=None,
                    help="rows of the draft's LM head: the most frequent tokens (default: a quarter of the vocabulary, "
                    ">= 1,024)")

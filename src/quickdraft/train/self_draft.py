@@ -95,7 +95,8 @@ def _saved_dtype(target: LoadedModel) -> torch.dtype:
 
 
 def train_self_draft(args: TrainArgs, target_ref: str | Path, data: list[Path], *, exit_layer: int | None = None,
-                     adapter_layers: int = 1, head_tokens: int | None = None, generated_fraction: float = 0.5,
+                     adapter_layers: int = 1, head_tokens: int | None = None, adapter_mlp: bool = True,
+                     generated_fraction: float = 0.5,
                      n_generations: int = 256, save_to: Path | None = None) -> dict[str, object]:
     """Train a self-draft for the target ``target_ref`` (a directory or hub id) on the text in ``data``
     and save it to ``save_to`` (default: ``args.out_dir``). ``args.data_dir`` is ignored: the token
@@ -105,7 +106,7 @@ def train_self_draft(args: TrainArgs, target_ref: str | Path, data: list[Path], 
     target = load_model(target_ref)  # fp32: training runs in fp32 whatever the checkpoint's dtype
     config = target.config
     shape = SelfDraftShape(exit_layer or default_exit_layer(config.n_layer), adapter_layers,
-                           head_tokens or default_head_tokens(config.vocab_size))
+                           head_tokens or default_head_tokens(config.vocab_size), adapter_mlp)
     shape.check(config)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     eos = target.eos_token_ids[0] if target.eos_token_ids else None
@@ -136,6 +137,7 @@ def train_self_draft(args: TrainArgs, target_ref: str | Path, data: list[Path], 
                          eval_fn=lambda m: evaluate_self_draft(m, target.model, val_batches),  # type: ignore[arg-type]
                          sampler=sampler)
     summary.update(target=str(target_ref), exit_layer=shape.exit_layer, adapter_layers=shape.adapter_layers,
+                   adapter_mlp=shape.adapter_mlp,
                    head_tokens=shape.head_tokens, text_coverage=round(coverage, 4), trained_params=n_module,
                    target_params=target.n_params, generations=int(generations.shape[0]),
                    **{f"initial_val_{name}": value for name, value in initial.items()})
