@@ -185,16 +185,26 @@ def test_multi_layer_sampling_matches_target_distribution(pair, drafter, prompt,
     assert min(p_values.values()) > ALPHA, p_values
 
 
+@pytest.fixture(scope="module")
+def gpt2_target(tmp_path_factory):
+    """A 2-layer GPT-2 (learned positions, LayerNorm, biases: torch's per-op path) over the same 12 tokens."""
+    root = tmp_path_factory.mktemp("gpt2")
+    return load_model(make_hf_checkpoint("gpt2", root / "target", seed=13, vocab_size=VOCAB, num_hidden_layers=2,
+                                         hidden_size=16, logit_scale=1.5))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("rule,temperature,top_k,top_p", [("rejection", 1.0, 0, 1.0), ("rejection", 0.8, 5, 0.9),
-                                                         ("coupled", 0.8, 5, 0.9)])
-def test_self_draft_sampling_matches_target_distribution(pair, rule, temperature, top_k, top_p, tmp_path):
+@pytest.mark.parametrize("arch,rule,temperature,top_k,top_p", [
+    ("llama", "rejection", 1.0, 0, 1.0), ("llama", "rejection", 0.8, 5, 0.9), ("llama", "coupled", 0.8, 5, 0.9),
+    ("gpt2", "rejection", 1.0, 0, 1.0)])
+def test_self_draft_sampling_matches_target_distribution(pair, gpt2_target, arch, rule, temperature, top_k, top_p,
+                                                         tmp_path):
     """A self-draft (the 2-layer target's first layer, a perturbed adapter, a head over 8 of the 12
     tokens): its q gives the 4 tokens outside the head probability 0, which the target still
-    produces through the residual (rejection) or its own race (coupled)."""
+    produces through the residual (rejection) or its own race (coupled). Llama, and GPT-2."""
     from quickdraft.model.self_draft import SelfDraftModule, SelfDraftShape, save_self_draft
 
-    target, _ = pair
+    target = pair[0] if arch == "llama" else gpt2_target
     module = SelfDraftModule.initialised_from(target.model, SelfDraftShape(1, 1, 8), torch.tensor([0, 1, 2, 3, 5, 6, 8, 9]))
     generator = torch.Generator().manual_seed(5)
     with torch.no_grad():
