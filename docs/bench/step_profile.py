@@ -65,7 +65,7 @@ def profile_dtype(dtype: str, capacity: int) -> None:
         eager = median_ms(lambda: model(torch.tensor([[5]]), PREFIX, cache))
         eager_exact = median_ms(lambda: model(torch.tensor([[5] * 9]), PREFIX, cache, full_window=True))
         print(f"\n## {dtype}, cache {capacity} slots, {len(linears)} weight products")
-        print(f"| step | ms |\n|---|---|")
+        print("| step | ms |\n|---|---|")
         print(f"| weight products alone, 1 row (eager F.linear) | {weights:.3f} |")
         print(f"| eager step, 1 row | {eager:.3f} |")
         print(f"| eager exact-mode step, 9 rows over the whole cache | {eager_exact:.3f} |")

@@ -1,7 +1,7 @@
 """Usage: python plain_vs_transformers.py THREADS [MODEL_DIR]
 
 Our plain decode (exact off) vs transformers generate() on the same random ~25M Llama, fp32, same process."""
-import sys, time, statistics, torch, warnings, copy, json
+import sys, time, statistics, torch, warnings
 threads = int(sys.argv[1]) if len(sys.argv) > 1 else 1
 torch.set_num_threads(threads)
 import transformers

@@ -1,7 +1,7 @@
 """Usage: python prompt_lookup_gamma.py TARGET_DIR
 
 Prompt lookup: auto γ (runs to max_gamma, cost hint 0) vs fixed γ, CPU time, same process, bench prompts."""
-import sys, time, statistics, torch
+import sys, time, torch
 torch.set_num_threads(1)
 from quickdraft.engine import Engine
 from quickdraft.model.loader import load_model

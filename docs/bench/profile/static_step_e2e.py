@@ -11,7 +11,6 @@ ic.freezing = True
 ic.max_autotune_gemm_backends = "CPP,ATEN"
 from quickdraft.engine import Engine
 from quickdraft.model.loader import load_model
-from quickdraft.sampling import SamplingParams
 
 tpath, dpath = sys.argv[1], sys.argv[2]
 GAMMA = int(sys.argv[3]) if len(sys.argv) > 3 else 4
