@@ -257,8 +257,12 @@ class Block(nn.Module):
         self.mlp_norm = _make_norm(config) if mlp else None
         self.mlp = MLP(config) if mlp else None
 
-    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The residual stream after the MLP (unchanged without one)."""
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, keys: torch.Tensor | None,
+                values: torch.Tensor | None, slots: slice | torch.Tensor, kv_len: int, mask: torch.Tensor | None,
+                attend: Attend | None = None) -> torch.Tensor:
+        """The residual stream after this layer: attention (``Attention.forward``'s arguments), then
+        the MLP when the layer has one."""
+        x = x + self.attn(self.attn_norm(x), rope, keys, values, slots, kv_len, mask, attend)
         if self.mlp is None or self.mlp_norm is None:
             return x
         return x + self.mlp(self.mlp_norm(x))
@@ -439,8 +443,7 @@ class Transformer(nn.Module):
         t = hidden.shape[1]
         rope = None if self.pos_embed is not None else self._rope(torch.arange(t, device=hidden.device), t)
         for block in blocks:
-            hidden = hidden + block.attn(block.attn_norm(hidden), rope, None, None, slice(0, t), t, None)
-            hidden = block.feed_forward(hidden)
+            hidden = block(hidden, rope, None, None, slice(0, t), t, None)
         return hidden
 
     def _attention_mask(self, positions: torch.Tensor, kv_len: int, windowed: bool) -> torch.Tensor:
@@ -469,8 +472,7 @@ class Transformer(nn.Module):
             block = self.layers[i]
             if cache is not None:
                 keys, values = cache.keys[i], cache.values[i]
-            x = x + block.attn(block.attn_norm(x), rope, keys, values, slots, kv_len, mask, attend)
-            x = block.feed_forward(x)
+            x = block(x, rope, keys, values, slots, kv_len, mask, attend)
             if collect is not None:
                 collect.append(x)
         return x

@@ -22,10 +22,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from quickdraft.model.loader import LoadedModel, load_model
+from quickdraft.model.loader import DTYPES, LoadedModel, load_model
 from quickdraft.model.self_draft import SelfDraftModule, SelfDraftShape, default_head_tokens, save_self_draft
 from quickdraft.model.transformer import Transformer
-from quickdraft.model.weights import DTYPE_NAMES
 from quickdraft.train.common import TrainArgs, eval_batches, set_threads, train_loop
 from quickdraft.train.distill import MixedBatches, load_or_make_generations
 from quickdraft.train.text_data import load_stream, prepare_token_data
@@ -91,7 +90,7 @@ def evaluate_self_draft(module: SelfDraftModule, target: Transformer, batches: l
 def _saved_dtype(target: LoadedModel) -> torch.dtype:
     """The dtype the target's own checkpoint is stored in (a bf16 model gets a bf16 module)."""
     name = json.loads((target.path / "config.json").read_text()).get("torch_dtype", "float32")
-    return {v: k for k, v in DTYPE_NAMES.items()}.get(name, torch.float32)
+    return DTYPES.get(name, torch.float32)
 
 
 def train_self_draft(args: TrainArgs, target_ref: str | Path, data: list[Path], *, exit_layer: int | None = None,
