@@ -79,15 +79,52 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if params.top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        # Keep the smallest prefix whose mass reaches top_p: a token goes when the mass before it does.
-        mass_before = sorted_probs.cumsum(-1) - sorted_probs
-        drop = mass_before >= params.top_p
-        drop[..., 0] = False  # the most likely token always stays, however small top_p is
-        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-        probs = probs / probs.sum(-1, keepdim=True)
+        probs = _nucleus(probs, params.top_p)
     return probs
+
+
+# Candidates tried before a full sort of the vocabulary, smallest first: a sort of 8,192 fp32 values
+# costs ~0.37 ms a row here, topk(128) ~0.01 ms, and a nucleus at top_p = 0.95 usually fits in 128.
+NUCLEUS_CANDIDATES = (128, 1024)
+NUCLEUS_MARGIN = 1e-5
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest prefix (by descending probability) whose mass reaches top_p, renormalised.
+
+    Rows whose nucleus lies inside their top-k candidates are cut from those alone; the rest go on
+    to more candidates, then a full sort. The result has the bits of the full sort: topk's sorted
+    values are the sort's first k values, the cumulative sum scans left to right, and the kept
+    values land in a zero vector of the full size that is summed as before. (Where tied
+    probabilities straddle the cut, which of them stays depends on the order each returns.)"""
+    flat = probs.reshape(-1, probs.shape[-1])
+    out: torch.Tensor | None = None
+    rows = flat
+    pending_index = None  # rows of flat still undecided; None = all of them
+    for k in (*(c for c in NUCLEUS_CANDIDATES if c < flat.shape[-1]), flat.shape[-1]):
+        if k < flat.shape[-1]:
+            values, order = torch.topk(rows, k, dim=-1)
+        else:
+            values, order = rows.sort(dim=-1, descending=True)
+        cumulative = values.cumsum(-1)
+        drop = (cumulative - values) >= top_p  # a token goes when the mass before it reaches top_p
+        drop[..., 0] = False  # the most likely token always stays, however small top_p is
+        kept = torch.zeros_like(rows).scatter_(-1, order, values.masked_fill(drop, 0.0))
+        kept = kept / kept.sum(-1, keepdim=True)
+        # The candidates decide a row when every token after them goes too: the mass before the
+        # next one is their whole mass, up to rounding (~1e-7) far below the margin.
+        done = cumulative[..., -1] >= top_p + NUCLEUS_MARGIN if k < flat.shape[-1] else None
+        if done is None or bool(done.all()):
+            if out is None:
+                return kept.reshape(probs.shape)
+            out[pending_index] = kept
+            return out.reshape(probs.shape)
+        if out is None:
+            out, pending_index = torch.empty_like(flat), torch.arange(flat.shape[0])
+        out[pending_index[done]] = kept[done]
+        pending_index = pending_index[~done]
+        rows = flat[pending_index]
+    raise AssertionError("unreachable: the full sort decides every row")
 
 
 def grouped_probabilities(logits: list[torch.Tensor], params: list[SamplingParams]) -> list[torch.Tensor]:
