@@ -114,6 +114,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _process_tree(pid: int) -> list[int]:
+    """pid and its descendants (Linux): the server's engine runs in a child process."""
+    pids, i = [pid], 0
+    while i < len(pids):
+        for task in Path(f"/proc/{pids[i]}/task").glob("*/children"):
+            try:
+                pids += [int(c) for c in task.read_text().split()]
+            except OSError:
+                pass
+        i += 1
+    return pids
+
+
+def _tree_status(pid: int, key: str) -> int | None:
+    """``_proc_status`` summed over the process and its descendants (for VmHWM, an upper bound of
+    the tree's peak: each process's own peak, whenever it was)."""
+    values = [v for p in _process_tree(pid) if (v := _proc_status(p, key)) is not None]
+    return sum(values) if values else None
+
+
 def _proc_status(pid: int, key: str) -> int | None:
     """VmRSS / VmHWM of a process in bytes (Linux); None elsewhere."""
     try:
@@ -229,10 +249,10 @@ class ServerProcess:
         return text
 
     def rss(self) -> int | None:
-        return _proc_status(self.proc.pid, "VmRSS") if self.proc else None
+        return _tree_status(self.proc.pid, "VmRSS") if self.proc else None
 
     def peak_rss(self) -> int | None:
-        return _proc_status(self.proc.pid, "VmHWM") if self.proc else None
+        return _tree_status(self.proc.pid, "VmHWM") if self.proc else None
 
     def counters(self) -> dict[str, float]:
         """The server's unlabelled Prometheus counters (quickdraft_num_draft_tokens_total ...)."""

@@ -1,13 +1,16 @@
-"""The OpenAI-compatible HTTP API: one engine, one worker thread, a bounded queue between them.
+"""The OpenAI-compatible HTTP API: one engine, one worker, a bounded queue between them.
 
     HTTP handler (event loop) ──validate, tokenize──▶ RequestQueue ──▶ EngineWorker (thread)
           ▲                                                              │ engine.stream(...)
           └────────── StreamEvents through an asyncio.Queue ◀───────────┘
 
+Given an ``Engine``, the worker is a thread of this process. Given an ``EngineProcess`` (what
+``quickdraft serve`` runs), a ProcessWorker forwards the queue's jobs to the engine's own process
+and its events back (``server/engine_process.py``), so the two never contend for one GIL.
+
 Handlers reject bad input before it is queued (OpenAI-shaped 4xx errors), so the engine only sees
-requests it can serve. The worker takes one job at a time from ``RequestQueue.take()``; batched
-speculation across requests would take several compatible jobs there and drive them together,
-with nothing else changing (each job keeps its own event queue and cancel flag).
+requests it can serve. The worker takes jobs from ``RequestQueue.take()`` as its batch has room;
+each job keeps its own event queue and cancel flag.
 
 A job stops early when its client disconnects or its deadline (``request_timeout_s`` after it
 arrived) passes: the engine checks ``job.cancelled()`` after every step. A job still waiting when
@@ -21,10 +24,8 @@ import asyncio
 import json
 import logging
 import re
-import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from quickdraft.engine import Engine, StreamEvent
 from quickdraft.errors import ContextLengthError, QuickdraftError, SamplingParamsError
 from quickdraft.sampling import SamplingParams
+from quickdraft.server.engine_process import EngineInfo, EngineProcess, ProcessWorker, engine_info
 from quickdraft.server.metrics import Metrics
 from quickdraft.server.schemas import (
     ChatCompletionRequest,
@@ -51,6 +53,7 @@ from quickdraft.server.schemas import (
     ModelList,
     SamplingFields,
 )
+from quickdraft.server.worker import EngineWorker, GenerationJob, NotRun, QueueFull, RequestQueue
 
 log = logging.getLogger(__name__)
 
@@ -129,246 +132,13 @@ def _param_name(loc: tuple | list) -> str:
     return ".".join(parts) or "body"
 
 
-# ---- the queue and the worker ----------------------------------------------------------------
-class QueueFull(Exception):
-    pass
-
-
-@dataclass
-class NotRun:
-    """The job left the queue without running (its deadline passed, or its client left)."""
-
-    reason: str
-
-
-@dataclass
-class GenerationJob:
-    prompt_ids: list[int]
-    max_tokens: int
-    sampling: SamplingParams
-    gamma: int | str
-    stop: list[str]
-    deadline: float  # time.monotonic()
-    loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)  # StreamEvent | NotRun | BaseException
-    cancel_reason: str | None = None  # "disconnect" | "timeout"
-    finished: bool = False
-
-    def cancel(self, reason: str) -> None:
-        if not self.finished and self.cancel_reason is None:
-            self.cancel_reason = reason
-
-    def cancelled(self) -> bool:
-        """Checked by the engine after every step (from the worker thread)."""
-        if self.cancel_reason is None and time.monotonic() > self.deadline:
-            self.cancel_reason = "timeout"
-        return self.cancel_reason is not None
-
-    def emit(self, item: StreamEvent | NotRun | BaseException) -> None:
-        """Hand an item to the waiting handler (thread-safe)."""
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
-        except RuntimeError:  # the event loop is closed: the server is shutting down
-            pass
-
-
-class RequestQueue:
-    """Bounded FIFO of jobs waiting for the engine."""
-
-    def __init__(self, max_queue: int) -> None:
-        if max_queue < 1:
-            raise ValueError(f"max_queue must be >= 1, got {max_queue}")
-        self.max_queue = max_queue
-        self._jobs: deque[GenerationJob] = deque()
-        self._cond = threading.Condition()
-        self._closed = False
-
-    def __len__(self) -> int:
-        return len(self._jobs)
-
-    def put(self, job: GenerationJob) -> None:
-        with self._cond:
-            if len(self._jobs) >= self.max_queue:
-                raise QueueFull
-            self._jobs.append(job)
-            self._cond.notify()
-
-    def withdraw(self, job: GenerationJob) -> bool:
-        """Remove a job that has not started; False if the worker already took it."""
-        with self._cond:
-            try:
-                self._jobs.remove(job)
-            except ValueError:
-                return False
-            return True
-
-    def take(self, limit: int = 1, *, block: bool = True) -> list[GenerationJob] | None:
-        """Up to ``limit`` jobs, waiting for one when ``block`` and none is queued; None when closed."""
-        with self._cond:
-            while block and not self._jobs and not self._closed:
-                self._cond.wait()
-            if self._closed:
-                return None
-            return [self._jobs.popleft() for _ in range(min(limit, len(self._jobs)))]
-
-    def close(self) -> list[GenerationJob]:
-        with self._cond:
-            self._closed = True
-            left = list(self._jobs)
-            self._jobs.clear()
-            self._cond.notify_all()
-            return left
-
-
-class EngineWorker:
-    """The one thread that runs the engine: with ``max_batch`` > 1 it drives the engine's
-    continuous-batching scheduler (jobs join and leave between steps); with 1 it runs one request
-    at a time through the single-sequence loop."""
-
-    def __init__(self, engine: Engine, queue: RequestQueue, metrics: Metrics, max_batch: int = 1) -> None:
-        self.engine, self.queue, self.metrics = engine, queue, metrics
-        self.max_batch = max_batch
-        self.scheduler = engine.batch_scheduler(max_batch) if max_batch > 1 else None
-        self._single_running = 0
-        self.current: GenerationJob | None = None
-        self._jobs: dict[int, GenerationJob] = {}  # id(BatchRequest) -> job
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def running(self) -> int:
-        return self.scheduler.running if self.scheduler is not None else self._single_running
-
-    @property
-    def batch_size(self) -> int:
-        """Sequences in the last batched step."""
-        return self.scheduler.last_batch if self.scheduler is not None else self._single_running
-
-    @property
-    def step_gamma(self) -> int:
-        """The γ the last batched step chose for its auto-γ sequences."""
-        return self.scheduler.last_gamma if self.scheduler is not None else 0
-
-    @property
-    def alive(self) -> bool:
-        """Whether the engine thread is running (it starts with the app, or with the first request)."""
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self) -> None:
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="quickdraft-engine", daemon=True)
-                self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        for job in self.queue.close():
-            job.emit(NotRun("shutdown"))
-        current = self.current
-        if current is not None:
-            current.cancel("shutdown")
-        for job in list(self._jobs.values()):
-            job.cancel("shutdown")
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        if self.scheduler is not None:
-            self._run_batched(self.scheduler)
-            return
-        while (jobs := self.queue.take()) is not None:
-            for job in jobs:
-                self._generate(job)
-
-    def _run_batched(self, scheduler) -> None:  # noqa: ANN001 - quickdraft.batch.scheduler.BatchScheduler
-        while True:
-            free = self.max_batch - scheduler.running - len(scheduler.waiting)
-            jobs = self.queue.take(max(free, 0), block=scheduler.idle)
-            if jobs is None:
-                break
-            for job in jobs:
-                self._admit(scheduler, job)
-            if scheduler.idle:
-                continue
-            try:
-                events = scheduler.step()
-            except Exception as exc:  # a bug: fail the batch's requests with 500, keep serving
-                log.exception("batched step failed")
-                for request in [*scheduler.active, *scheduler.waiting]:
-                    scheduler.cancel(request)
-                for job in self._jobs.values():
-                    job.finished = True
-                    job.emit(exc)
-                self._jobs.clear()
-                scheduler.active.clear()
-                scheduler.waiting.clear()
-                continue
-            for request, event in events:
-                job = self._jobs[id(request)]
-                if event.result is not None:
-                    self._record(job, event)
-                    job.finished = True
-                    del self._jobs[id(request)]
-                job.emit(event)
-        for job in self._jobs.values():
-            job.emit(NotRun("shutdown"))
-
-    def _skipped(self, job: GenerationJob) -> bool:
-        """A job cancelled while it waited (deadline, disconnect) never runs: answer it now."""
-        if not job.cancelled():
-            return False
-        self.metrics.inc("generations_cancelled_total", reason=job.cancel_reason or "unknown")
-        job.finished = True
-        job.emit(NotRun(job.cancel_reason or "cancelled"))
-        return True
-
-    def _record(self, job: GenerationJob, last: StreamEvent) -> None:
-        result = last.result
-        assert result is not None
-        self.metrics.record_generation(result.stats, result.finish_reason)
-        if result.finish_reason == "cancelled":
-            self.metrics.inc("generations_cancelled_total", reason=job.cancel_reason or "unknown")
-
-    def _admit(self, scheduler, job: GenerationJob) -> None:  # noqa: ANN001
-        if self._skipped(job):
-            return
-        try:
-            request = scheduler.submit(job.prompt_ids, job.max_tokens, job.sampling, job.gamma, job.stop,
-                                       cancelled=job.cancelled)
-        except QuickdraftError as exc:
-            job.finished = True
-            job.emit(exc)
-            return
-        self._jobs[id(request)] = job
-
-    def _generate(self, job: GenerationJob) -> None:
-        if self._skipped(job):
-            return
-        self._single_running += 1
-        self.current = job
-        try:
-            for event in self.engine.stream(job.prompt_ids, job.max_tokens, job.sampling, job.gamma, job.stop,
-                                            cancelled=job.cancelled):
-                if event.result is not None:
-                    self._record(job, event)
-                job.emit(event)
-        except QuickdraftError as exc:
-            job.emit(exc)
-        except Exception as exc:  # a bug: answer 500, keep serving
-            log.exception("generation failed")
-            job.emit(exc)
-        finally:
-            job.finished = True
-            self.current = None
-            self._single_running -= 1
-
-
 # ---- the app --------------------------------------------------------------------------------
 @dataclass
 class ServerState:
-    engine: Engine
+    engine: Engine | EngineInfo
     model_name: str
     queue: RequestQueue
-    worker: EngineWorker
+    worker: EngineWorker | ProcessWorker
     metrics: Metrics
     request_timeout_s: float
     created: int = field(default_factory=lambda: int(time.time()))
@@ -429,7 +199,7 @@ def _too_large(limit: int) -> APIError:
 
 
 def create_app(
-    engine: Engine,
+    engine: Engine | EngineProcess,
     *,
     model_name: str = "quickdraft",
     max_queue: int = DEFAULT_MAX_QUEUE,
@@ -437,16 +207,19 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_batch: int = DEFAULT_MAX_BATCH,
 ) -> FastAPI:
-    """The FastAPI app serving ``engine`` as ``model_name``. The worker thread starts with the app
-    (its lifespan) and stops with it. ``max_batch`` > 1 batches concurrent requests (continuous
-    batching); 1 serves them one at a time."""
+    """The FastAPI app serving ``engine`` as ``model_name``. The worker starts with the app (its
+    lifespan) and stops with it; an EngineProcess stops with it too. ``max_batch`` > 1 batches
+    concurrent requests (continuous batching); 1 serves them one at a time. An EngineProcess
+    batches as it was built to (its own ``max_batch``)."""
     if request_timeout_s <= 0:
         raise ValueError(f"request_timeout_s must be > 0, got {request_timeout_s}")
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     metrics = Metrics()
     queue = RequestQueue(max_queue)
-    worker = EngineWorker(engine, queue, metrics, max_batch)
+    worker = (ProcessWorker(engine, queue, metrics) if isinstance(engine, EngineProcess)
+              else EngineWorker(engine, queue, metrics, max_batch))
+    engine = engine_info(engine)
     state = ServerState(engine, model_name, queue, worker, metrics, request_timeout_s)
     metrics.gauge("queue_depth", lambda: len(queue))
     metrics.gauge("running_requests", lambda: worker.running)
@@ -651,7 +424,7 @@ def create_app(
                     503, f"the request was not run ({item.reason})", "server_error", code="not_run")
             if isinstance(item, QuickdraftError):
                 raise _error_from_quickdraft(item)
-            raise APIError(500, f"generation failed: {type(item).__name__}", "server_error")
+            raise APIError(500, f"generation failed: {getattr(item, 'type_name', type(item).__name__)}", "server_error")
 
     def _watch(request: Request, job: GenerationJob) -> asyncio.Task:
         """A task that cancels ``job`` when its client disconnects."""

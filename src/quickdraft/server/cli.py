@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
 
@@ -29,6 +30,13 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="seconds a request may take, queueing included (default 300)")
     parser.add_argument("--max-body-bytes", type=_positive_int, default=4 * 1024 * 1024,
                         help="largest request body accepted (default 4 MiB)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run the engine in a thread of the HTTP process instead of a process of its own "
+                             "(the two then share one GIL: slower under load)")
+    parser.add_argument("--stream-interval", type=_non_negative_float, default=20.0, metavar="MS",
+                        help="a streamed response's text goes out at most every MS milliseconds, its first and last "
+                             "tokens at once (default 20; 0 = every engine step). Larger events let the HTTP layer "
+                             "keep up with a batch")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     ray_group = parser.add_argument_group(
         "Ray Serve (scale out; needs pip install 'quickdraft[ray]')",
@@ -63,6 +71,16 @@ def _int_at_least(low: int):
 
 _positive_int = _int_at_least(1)
 _non_negative_int = _int_at_least(0)
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {value}")
+    return value
 
 
 def _positive_float(text: str) -> float:
@@ -108,16 +126,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         raise QuickdraftError(f"`quickdraft serve` needs {exc.name}: pip install 'quickdraft[serve]'") from None
     from quickdraft.cli import build_engine
+    from quickdraft.server.engine_process import EngineProcess, engine_info
 
-    engine = build_engine(args)
-    warm_up(engine, args.max_batch)
+    if args.in_process:
+        engine = build_engine(args)
+        warm_up(engine, args.max_batch)
+    else:  # built, warmed up and run in a process of its own (server/engine_process.py says why)
+        engine = EngineProcess(functools.partial(build_engine, args), args.max_batch,
+                               stream_interval_s=args.stream_interval / 1000)
     name = served_model_name(args)
     app = create_app(engine, model_name=name, max_queue=args.max_queue, request_timeout_s=args.request_timeout,
                      max_body_bytes=args.max_body_bytes, max_batch=args.max_batch)
-    drafter = engine.drafter.name if engine.drafter is not None else "none"
-    print(f"quickdraft serve: model {name!r} (drafter {drafter}, context {engine.context_length}) on "
+    info = engine_info(engine)
+    drafter = info.drafter.name if info.drafter is not None else "none"
+    print(f"quickdraft serve: model {name!r} (drafter {drafter}, context {info.context_length}) on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        if isinstance(engine, EngineProcess):
+            engine.close()
     return 0
 
 

@@ -1,0 +1,182 @@
+"""The server with its engine in a process of its own (``quickdraft serve``'s default): same outputs
+as the engine alone, cancellation and deadlines across the process boundary, coalesced streaming,
+start-up errors, and a dead engine answered rather than hung on."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+
+from hf_factory import make_hf_checkpoint  # noqa: E402
+from tokenizer_factory import write_char_tokenizer  # noqa: E402
+
+from quickdraft import Engine  # noqa: E402
+from quickdraft.errors import ModelNotFoundError, QuickdraftError  # noqa: E402
+from quickdraft.model.loader import load_model  # noqa: E402
+from quickdraft.sampling import SamplingParams  # noqa: E402
+from quickdraft.server.app import create_app  # noqa: E402
+from quickdraft.server.cli import BackgroundServer  # noqa: E402
+from quickdraft.server.engine_process import EngineProcess  # noqa: E402
+
+MODEL = "tiny"
+PROMPTS = ["hello", "abc abc abc", "the cat sat", "0123 0123", "xyz", "once upon a time"]
+
+
+# Built in the engine process: module-level, so that spawn can import them.
+def build_engine(path: str) -> Engine:
+    return Engine(path, drafter="prompt-lookup")
+
+
+def build_slow_engine(path: str, step_seconds: float) -> Engine:
+    """Never meets EOS, and takes >= step_seconds a step (one request at a time)."""
+    engine = Engine(load_model(Path(path)), drafter=None, exact=False)
+    engine.eos_token_ids = frozenset()
+    fast_stream = engine.stream
+
+    def slow_stream(*args, **kwargs):
+        for event in fast_stream(*args, **kwargs):
+            time.sleep(step_seconds)
+            yield event
+
+    engine.stream = slow_stream
+    return engine
+
+
+def build_missing() -> Engine:
+    raise ModelNotFoundError("no model at /nowhere")
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> Path:
+    path = make_hf_checkpoint("llama", tmp_path_factory.mktemp("engine_process") / "target", seed=1)
+    write_char_tokenizer(path)
+    return path
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    want = "quickdraft_" + name + ("{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+                                   if labels else "")
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(want + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def wait_for(condition, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def stream_text(url: str, body: dict) -> tuple[str, int]:
+    """(the streamed text, the number of text events)."""
+    text, events = "", 0
+    with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}, timeout=60) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                import json
+
+                chunk = json.loads(line[6:])
+                if chunk["choices"] and chunk["choices"][0]["text"]:
+                    text += chunk["choices"][0]["text"]
+                    events += 1
+    return text, events
+
+
+def test_concurrent_requests_get_what_the_engine_gives_each_alone(target_dir):
+    alone = Engine(str(target_dir), drafter="prompt-lookup")
+    samplings = [SamplingParams(), SamplingParams(temperature=0.9, top_p=0.9, seed=5)]
+    expected = {(p, i): alone.generate(p, 40, samplings[i]).text for p in PROMPTS for i in range(2)}
+    process = EngineProcess(functools.partial(build_engine, str(target_dir)), max_batch=4)
+    with BackgroundServer(create_app(process, model_name=MODEL)) as srv:
+        got: dict = {}
+
+        def one(prompt: str, i: int) -> None:
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 40, "temperature": samplings[i].temperature,
+                    "top_p": samplings[i].top_p, "seed": samplings[i].seed}
+            got[(prompt, i)] = stream_text(srv.url, body)[0] if i else httpx.post(
+                srv.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+
+        threads = [threading.Thread(target=one, args=key) for key in expected]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert got == expected
+        assert metric(srv.url, "generations_total", finish_reason="length") + metric(
+            srv.url, "generations_total", finish_reason="stop") == len(expected)
+        assert httpx.get(srv.url + "/health").json()["running"] == 0
+    assert not process.process.is_alive(), "the engine process stops with the app"
+
+
+def test_disconnect_and_deadline_reach_the_engine_process(target_dir):
+    process = EngineProcess(functools.partial(build_slow_engine, str(target_dir), 0.02), max_batch=1)
+    with BackgroundServer(create_app(process, model_name=MODEL, request_timeout_s=3.0)) as srv:
+        body = {"model": MODEL, "prompt": "hello", "max_tokens": 400, "temperature": 0, "stream": True}
+        with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=30) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    break  # one token arrived: now hang up
+        wait_for(lambda: metric(srv.url, "generations_cancelled_total", reason="disconnect") == 1)
+        assert 0 < metric(srv.url, "generation_tokens_total") < 100, "the engine stopped within a few steps"
+        assert httpx.get(srv.url + "/health").json()["running"] == 0
+
+        # The deadline (3 s; 400 tokens take 8 s) is the engine process's to enforce once it runs.
+        started = time.monotonic()
+        timed_out = httpx.post(srv.url + "/v1/completions", json={**body, "stream": False}, timeout=30).json()
+        assert timed_out["choices"][0]["finish_reason"] == "length"
+        assert 0 < timed_out["usage"]["completion_tokens"] < 400 and time.monotonic() - started < 6
+        assert metric(srv.url, "generations_cancelled_total", reason="timeout") == 1
+
+
+def test_streamed_text_is_coalesced_but_the_first_token_is_not_held(target_dir):
+    """At a 0.3 s interval and 20 ms a token, 40 tokens come in a few events; the first one at once."""
+    process = EngineProcess(functools.partial(build_slow_engine, str(target_dir), 0.02), max_batch=1,
+                            stream_interval_s=0.3)
+    with BackgroundServer(create_app(process, model_name=MODEL)) as srv:
+        body = {"model": MODEL, "prompt": "hello", "max_tokens": 40, "temperature": 0}
+        whole = httpx.post(srv.url + "/v1/completions", json=body, timeout=30).json()["choices"][0]["text"]
+        started = time.monotonic()
+        first_at = None
+        with httpx.stream("POST", srv.url + "/v1/completions", json={**body, "stream": True}, timeout=30) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {") and '"text":""' not in line.replace(" ", ""):
+                    first_at = time.monotonic() - started
+                    break
+        assert first_at is not None and first_at < 0.25
+        text, events = stream_text(srv.url, body)
+        assert text == whole
+        assert 2 <= events <= 8  # ~0.8 s of tokens at one event per 0.3 s, against 40 events unmerged
+
+
+def test_an_engine_that_fails_to_start_raises_its_error():
+    with pytest.raises(QuickdraftError, match="no model at /nowhere"):
+        EngineProcess(build_missing, max_batch=2)
+
+
+def test_a_dead_engine_process_fails_its_requests_instead_of_hanging(target_dir):
+    process = EngineProcess(functools.partial(build_slow_engine, str(target_dir), 0.05), max_batch=1)
+    with BackgroundServer(create_app(process, model_name=MODEL)) as srv:
+        result: list[httpx.Response] = []
+        body = {"model": MODEL, "prompt": "hello", "max_tokens": 400, "temperature": 0}
+        request = threading.Thread(target=lambda: result.append(
+            httpx.post(srv.url + "/v1/completions", json=body, timeout=30)))
+        request.start()
+        wait_for(lambda: httpx.get(srv.url + "/health").json()["running"] == 1)
+        os.kill(process.pid, signal.SIGKILL)
+        request.join(30)
+        assert result and result[0].status_code == 500
+        assert "EngineProcessExited" in result[0].json()["error"]["message"]
+        later = httpx.post(srv.url + "/v1/completions", json=body, timeout=30)
+        assert later.status_code == 500
