@@ -257,3 +257,39 @@ def test_a_greedy_draft_in_one_call_is_the_step_by_step_draft(checkpoints, dtype
     assert all(torch.equal(a[:, :, :length], b[:, :, :length])
                for a, b in zip(drafters[0].cache.keys + drafters[0].cache.values,
                                drafters[1].cache.keys + drafters[1].cache.values))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_a_coupled_sampled_draft_in_one_call_races_as_the_step_by_step_draft(checkpoints, dtype: str) -> None:
+    """Under the coupled rule a sampled chain is drafted in one call too (a Gumbel-max over the
+    positions' noise): the same tokens as Python's race step by step; top-p stays in Python."""
+    from quickdraft.drafters.base import DraftContext
+    from quickdraft.drafters.draft_model import DraftModelDrafter
+    from quickdraft.model.loader import load_model
+    from quickdraft.randomness import sampler_for
+    from quickdraft.sampling import SamplingParams
+
+    drafters = [DraftModelDrafter(load_model(checkpoints["related"], dtype=dtype)) for _ in range(2)]
+    target = load_model(checkpoints["target"], dtype=dtype).model
+    prompt = torch.randint(3, 90, (30,), generator=torch.Generator().manual_seed(5)).tolist()
+    for drafter in drafters:
+        drafter.begin(prompt, DraftContext(target, target.new_cache(160), 160, drafter.vocab_limit))
+    native, calls = drafters[0].model.native, []
+    one_call_draft = native.draft_greedy
+    native.draft_greedy = lambda *args: calls.append(args) or one_call_draft(*args)
+    tokens, drafted = list(prompt), 0
+    for temperature in (0.8, 1.5):
+        sampling = SamplingParams(temperature=temperature, seed=11)
+        sampler = sampler_for(sampling)
+        assert sampler.coupled
+        for k, accepted in [(4, 2), (6, 6), (1, 0), (5, 3)]:
+            one_call, step_by_step = drafters[0].propose(tokens, k, sampling, sampler), drafters[1].propose(
+                tokens, k, sampling, sampler, confidence_stop=0.0)
+            assert one_call.tokens == step_by_step.tokens and one_call.q is None
+            drafted += len(set(one_call.tokens))
+            for drafter in drafters:
+                drafter.accept(accepted)
+            tokens += one_call.tokens[:accepted] + [7]
+    assert len(calls) == 8 and drafted > 16  # every proposal in one call, and not one repeated token
+    nucleus = SamplingParams(temperature=0.8, top_p=0.9, seed=11)
+    assert drafters[0].propose(tokens, 3, nucleus, sampler_for(nucleus)).q is not None and len(calls) == 8

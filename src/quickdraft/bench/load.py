@@ -360,10 +360,10 @@ def make_bodies(text: bool, max_tokens: int, vocab_size: int = 512, gamma: int |
 def run_load(clients: int = 32, duration_s: float = 60.0, max_tokens: int = 32, target: str | None = None,
              drafter: str | None = None, drain_timeout_s: float = 240.0, warmup_requests: int = 2,
              max_batch: int | None = None, gamma: int | str | None = None, threads: int | None = None,
-             config: str = "default", replicas: int | None = None) -> LoadReport:
+             config: str = "default", replicas: int | None = None, server_args: tuple[str, ...] = ()) -> LoadReport:
     if clients < 1 or duration_s <= 0 or max_tokens < 1:
         raise ValueError("clients, duration and max_tokens must be positive")
-    extra_args: tuple[str, ...] = ()
+    extra_args: tuple[str, ...] = tuple(server_args)
     if max_batch is not None:
         extra_args += ("--max-batch", str(max_batch))
     if threads is not None:
@@ -430,11 +430,13 @@ def _machine() -> dict[str, Any]:
     return {**machine_description(), "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None}
 
 
-# name -> (server --max-batch, the gamma every request sends: None = the server's default, auto)
+# name -> (server --max-batch, the gamma every request sends: None = the server's default, auto,
+# more server flags). "In process" is the server before its engine had a process of its own.
 SWEEP_CONFIGS = {
-    "batched speculative": (32, None),
-    "batched plain": (32, 0),
-    "one at a time": (1, None),
+    "batched speculative": (32, None, ()),
+    "batched plain": (32, 0, ()),
+    "batched speculative, in process": (32, None, ("--in-process",)),
+    "one at a time": (1, None, ()),
 }
 
 
@@ -483,10 +485,10 @@ def run_sweep(levels: list[int], duration_s: float, max_tokens: int, target: str
     static batched generate() beside them, then a table with ratios and a plot of aggregate tokens/s."""
     reports = []
     for clients in levels:
-        for name, (max_batch, gamma) in SWEEP_CONFIGS.items():
+        for name, (max_batch, gamma, server_args) in SWEEP_CONFIGS.items():
             print(f"sweep: {name}, {clients} clients", file=sys.stderr, flush=True)
             reports.append(run_load(clients, duration_s, max_tokens, target, drafter, max_batch=max_batch,
-                                    gamma=gamma, threads=threads, config=name))
+                                    gamma=gamma, threads=threads, config=name, server_args=server_args))
         print(f"sweep: {HF_BATCHED}, batch {clients}", file=sys.stderr, flush=True)
         hf = hf_batched_report(clients, max_tokens, target, threads)
         if hf is not None:

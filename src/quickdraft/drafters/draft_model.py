@@ -25,6 +25,13 @@ CATCH_UP_AFTER = 2
 log = logging.getLogger(__name__)
 
 
+def races_natively(sampling: SamplingParams, sampler: TokenSampler) -> bool:
+    """Whether a sampled chain can be drafted inside one native call: the coupled rule (its draws
+    are a race over noise known in advance, and it verifies without q) at a plain temperature
+    (the race over the untruncated softmax; top-k or top-p would need the truncated q)."""
+    return sampler.coupled and sampling.top_k == 0 and sampling.top_p >= 1.0
+
+
 def check_vocabulary_compatible(target: Tokenizer, draft: Tokenizer) -> None:
     """Same tokens with the same ids, same special tokens; raise naming the first differences."""
     t_vocab, d_vocab = target.vocab, draft.vocab
@@ -104,8 +111,9 @@ class DraftModelDrafter(Drafter):
     ) -> Draft:
         assert self.cache is not None, "begin() first"
         catch_up = self._catch_up(tokens)
-        if sampling.greedy and confidence_stop is None and self.model.native is not None:
-            draft = self._propose_greedy_natively(tokens, k)
+        if confidence_stop is None and self.model.native is not None and (
+                sampling.greedy or races_natively(sampling, sampler)):
+            draft = self._propose_natively(tokens, k, sampling, sampler)
         else:
             logits = self._forward(tokens[self.cache.length :])
             self._base = len(tokens)
@@ -128,11 +136,19 @@ class DraftModelDrafter(Drafter):
         self.cache.length = len(tokens) - 1
         return time.perf_counter() - start
 
-    def _propose_greedy_natively(self, tokens: list[int], k: int) -> Draft:
-        """``propose``'s greedy chain as one C++ call (the same forwards and argmaxes): on the
-        embedded draft a step's Python costs about as much as its forward."""
+    def _propose_natively(self, tokens: list[int], k: int, sampling: SamplingParams, sampler: TokenSampler) -> Draft:
+        """``propose``'s chain as one C++ call (the same forwards): on the embedded draft a step's
+        Python costs about as much as its forward. Greedy: the argmaxes. Under the coupled rule, the
+        same race as in Python over the positions' noise E, as a Gumbel-max (argmax of logit / T
+        - log E): the draws agree but for last-bit near-ties, and the target's race decides each
+        token either way. No q comes back: the coupled rule verifies without one."""
         assert self.cache is not None and self.model.native is not None
-        drafted = self.model.native.draft_greedy(tokens[self.cache.length :], k, self.vocab_limit, self.cache)
+        gumbel = None
+        if not sampling.greedy:
+            noise = torch.stack([sampler.noise(len(tokens) + i, self.vocab_limit) for i in range(k)])  # type: ignore[attr-defined]
+            gumbel = noise.log().neg_()
+        drafted = self.model.native.draft_greedy(tokens[self.cache.length :], k, self.vocab_limit, self.cache,
+                                                 gumbel, sampling.temperature)
         self._base = len(tokens)
         self._fed = k - 1
         self.cache.length = self._base + self._fed

@@ -197,10 +197,14 @@ def forward(tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, 
 def draft_greedy(tokens: torch.Tensor, start: int, k: int, vocab_limit: int, cos: torch.Tensor,
                  signed_sin: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
                  weights: list[torch.Tensor], n_layers: int, n_head: int, n_kv: int, head_dim: int,
-                 intermediate: int, vocab: int, eps: float, head_ids: torch.Tensor | None = None) -> torch.Tensor:
+                 intermediate: int, vocab: int, eps: float, head_ids: torch.Tensor | None = None,
+                 gumbel: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
     """Feed tokens [1, T] after ``start`` cached tokens, then draft ``k`` tokens greedily in one call
     (``forward``'s steps, the argmax of each fed back): -> int64 [k]. ``head_ids`` [vocab] maps the
-    head's rows to token ids when the head covers a subset of the vocabulary."""
+    head's rows to token ids when the head covers a subset of the vocabulary. ``gumbel`` [k, V]
+    (float32, by token id) makes each step a Gumbel-max draw at ``temperature`` instead."""
     ids = torch.empty(0, dtype=torch.long) if head_ids is None else head_ids
+    noise = torch.empty(0, 0) if gumbel is None else gumbel
     return torch.ops.quickdraft.draft_greedy(tokens, start, k, vocab_limit, cos, signed_sin, keys, values, weights,
-                                             n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, ids)
+                                             n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, ids, noise,
+                                             1.0 if gumbel is None else 1.0 / temperature)

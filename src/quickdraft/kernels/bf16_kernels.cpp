@@ -821,18 +821,26 @@ at::Tensor forward(const at::Tensor& tokens, const at::Tensor& positions, const 
 // steps are the ones forward computes: this only keeps Python out of the draft's loop.
 // head_ids, when not empty, maps the LM head's rows to token ids (a head over a vocabulary subset):
 // the maximum's row is mapped before it is returned and fed back.
+// gumbel, when not empty ([k, V] float32, indexed by token id), turns the argmax into a race: token i
+// maximises logit / temperature + gumbel[i] (Gumbel-max: a sample of softmax(logit / temperature),
+// the coupled rule's draw when gumbel = -log E of the position's noise).
 template <typename T>
 at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t k, int64_t vocab_limit,
                                const at::Tensor& cos, const at::Tensor& signed_sin, at::TensorList keys,
                                at::TensorList values, at::TensorList weights, int64_t n_layers, int64_t n_head,
                                int64_t n_kv, int64_t head_dim, int64_t intermediate, int64_t vocab, double eps,
-                               const at::Tensor& head_ids) {
+                               const at::Tensor& head_ids, const at::Tensor& gumbel, double inverse_temperature) {
   TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == 1 && tokens.size(1) >= 1 && k >= 1 && vocab_limit >= 1 &&
               vocab_limit <= vocab, "draft_greedy: one sequence of at least one token, k >= 1, a vocabulary limit");
   TORCH_CHECK(head_ids.numel() == 0 || (head_ids.numel() == vocab && head_ids.scalar_type() == at::kLong),
               "draft_greedy: head_ids maps each of the head's rows to a token id (int64)");
+  TORCH_CHECK(gumbel.numel() == 0 || (gumbel.dim() == 2 && gumbel.size(0) == k && gumbel.scalar_type() == at::kFloat),
+              "draft_greedy: gumbel holds k rows of float32 noise indexed by token id");
   const at::Tensor id_map = head_ids.contiguous();
   const int64_t* row_token = head_ids.numel() ? id_map.data_ptr<int64_t>() : nullptr;
+  const at::Tensor noise = gumbel.contiguous();
+  const float* noise_rows = gumbel.numel() ? noise.data_ptr<float>() : nullptr;
+  const float scale = static_cast<float>(inverse_temperature);
   at::Tensor drafted = at::empty({k}, tokens.options());
   auto* out = drafted.data_ptr<int64_t>();
   const auto ids = tokens.options();
@@ -847,12 +855,23 @@ at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t 
                                                 weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, 1);
     const T* last = logits.data_ptr<T>();
     int64_t best = 0;
-    float top = static_cast<float>(last[0]);
-    for (int64_t v = 1; v < vocab_limit; ++v)
-      if (static_cast<float>(last[v]) > top) {
-        top = static_cast<float>(last[v]);
-        best = v;
-      }
+    if (noise_rows) {  // the Gumbel-max race: argmax of logit / temperature + g, g = -log E of the token's id
+      const float* g = noise_rows + i * noise.size(1);
+      auto score = [&](int64_t v) { return static_cast<float>(last[v]) * scale + g[row_token ? row_token[v] : v]; };
+      float top = score(0);
+      for (int64_t v = 1; v < vocab_limit; ++v)
+        if (const float s = score(v); s > top) {
+          top = s;
+          best = v;
+        }
+    } else {
+      float top = static_cast<float>(last[0]);
+      for (int64_t v = 1; v < vocab_limit; ++v)
+        if (static_cast<float>(last[v]) > top) {
+          top = static_cast<float>(last[v]);
+          best = v;
+        }
+    }
     if (row_token) best = row_token[best];
     out[i] = best;
     first += t;
@@ -864,11 +883,12 @@ at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t 
 at::Tensor draft_greedy(const at::Tensor& tokens, int64_t start, int64_t k, int64_t vocab_limit, const at::Tensor& cos,
                         const at::Tensor& signed_sin, at::TensorList keys, at::TensorList values,
                         at::TensorList weights, int64_t n_layers, int64_t n_head, int64_t n_kv, int64_t head_dim,
-                        int64_t intermediate, int64_t vocab, double eps, const at::Tensor& head_ids) {
+                        int64_t intermediate, int64_t vocab, double eps, const at::Tensor& head_ids,
+                        const at::Tensor& gumbel, double inverse_temperature) {
   return by_weight_dtype("draft_greedy", weights[0], cos, [&](auto element) {
     return draft_greedy_native<decltype(element)>(tokens, start, k, vocab_limit, cos, signed_sin, keys, values,
                                                   weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps,
-                                                  head_ids);
+                                                  head_ids, gumbel, inverse_temperature);
   });
 }
 
@@ -883,7 +903,7 @@ TORCH_LIBRARY(quickdraft, m) {
         "int intermediate, int vocab, float eps, int logits_rows) -> Tensor");
   m.def("draft_greedy(Tensor tokens, int start, int k, int vocab_limit, Tensor cos, Tensor signed_sin, "
         "Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, int n_kv, int head_dim, "
-        "int intermediate, int vocab, float eps, Tensor head_ids) -> Tensor");
+        "int intermediate, int vocab, float eps, Tensor head_ids, Tensor gumbel, float inverse_temperature) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {

@@ -93,14 +93,16 @@ class NativeForward:
             tokens.shape[1] if logits_rows is None else logits_rows)
         return self.model.full_vocabulary(logits)
 
-    def draft_greedy(self, tokens: list[int], k: int, vocab_limit: int, cache: KVCache) -> list[int]:
+    def draft_greedy(self, tokens: list[int], k: int, vocab_limit: int, cache: KVCache,
+                     gumbel: torch.Tensor | None = None, temperature: float = 1.0) -> list[int]:
         """Feed ``tokens`` after the cache's ``length`` tokens, then draft k tokens greedily (each
         the first maximum of its logits below ``vocab_limit``), all in one C++ call: the same
         forwards as feeding them one by one, without Python between the steps. The cache's length
         is left to the caller: it then holds ``length + len(tokens) + k - 1`` tokens.
 
         A subset head's rows are searched up to the last id below ``vocab_limit`` (its ids ascend, so
-        the first maximum is the one the full-vocabulary logits give)."""
+        the first maximum is the one the full-vocabulary logits give). With ``gumbel`` [k, V] each
+        step draws instead: the maximum of logit / temperature + gumbel[step, token]."""
         head_ids = self.model.head_ids
         if head_ids is not None:
             vocab_limit = int(torch.searchsorted(head_ids, vocab_limit))
@@ -110,5 +112,5 @@ class NativeForward:
         drafted = kernels.draft_greedy(
             torch.tensor([tokens], dtype=torch.long), start, k, vocab_limit,
             *self._cache_inputs(cache, 1, start + len(tokens) + k), self.weights, self.model.config.n_layer,
-            *self.shape, self.eps, head_ids)
+            *self.shape, self.eps, head_ids, gumbel, temperature)
         return drafted.tolist()
