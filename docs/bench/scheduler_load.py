@@ -33,6 +33,9 @@ def main() -> None:
     parser.add_argument("--gamma", default="auto", help="'auto' or an integer (0 = plain decoding)")
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--single", action="store_true",
+                        help="also decode the same requests one at a time through engine.stream (the one-at-a-time "
+                             "server's path) and print both")
     args = parser.parse_args()
     torch.set_num_threads(1)
     gamma = args.gamma if args.gamma == "auto" else int(args.gamma)
@@ -57,7 +60,22 @@ def main() -> None:
                     submit()
         return tokens
 
+    def run_single(seconds: float) -> int:
+        tokens, i, stop_at = 0, 0, time.perf_counter() + seconds
+        while time.perf_counter() < stop_at:
+            result = engine.generate(prompts[i % len(prompts)], args.max_tokens, SAMPLINGS[(i // 2) % 2], gamma)
+            tokens += len(result.token_ids)
+            i += 1
+        return tokens
+
     run(1.0)  # warm-up: the invariance probe, first shapes
+    if args.single:
+        run_single(1.0)
+        for label, decode in (("batched", run), ("one at a time", run_single)) * 2:
+            start = time.perf_counter()
+            tokens = decode(args.seconds)
+            print(f"{label}: {tokens / (time.perf_counter() - start):.0f} tokens/s")
+        return
     profiler = cProfile.Profile() if args.profile else None
     if profiler:
         profiler.enable()
