@@ -293,3 +293,29 @@ def test_a_coupled_sampled_draft_in_one_call_races_as_the_step_by_step_draft(che
     assert len(calls) == 8 and drafted > 16  # every proposal in one call, and not one repeated token
     nucleus = SamplingParams(temperature=0.8, top_p=0.9, seed=11)
     assert drafters[0].propose(tokens, 3, nucleus, sampler_for(nucleus)).q is not None and len(calls) == 8
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_lone_sequence_of_a_batch_drafts_in_one_call(checkpoints, temperature: float) -> None:
+    """The batch scheduler's draft model drafts a lone sequence's chain in one native call (greedy,
+    or the coupled race), two sequences by batched steps; outputs stay plain decoding's."""
+    from quickdraft.engine import Engine
+    from quickdraft.sampling import SamplingParams
+
+    engine = Engine(str(checkpoints["target"]), str(checkpoints["related"]), dtype="bf16")
+    scheduler = engine.batch_scheduler(4)
+    native = scheduler.drafter.model.native
+    assert native is not None
+    calls = []
+    one_call_draft = native.draft_greedy
+    native.draft_greedy = lambda *args: calls.append(args) or one_call_draft(*args)
+    sampling = SamplingParams(temperature=temperature, seed=3)
+    prompts = [[5, 9, 17, 33, 2, 8], [7, 7, 12, 40]]
+    plain = [engine.generate_batch([p], 24, sampling, gamma=0, max_batch=4)[0].token_ids for p in prompts]
+    alone = engine.generate_batch(prompts[:1], 24, sampling, gamma=3, max_batch=4)[0]
+    assert alone.token_ids == plain[0] and alone.stats.num_drafts > 0
+    assert len(calls) == alone.stats.num_drafts
+    calls.clear()
+    together = engine.generate_batch(prompts, 24, sampling, gamma=3, max_batch=4)
+    assert [r.token_ids for r in together] == plain
+    assert len(calls) < sum(r.stats.num_drafts for r in together)  # drafted together, not one by one

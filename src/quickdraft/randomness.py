@@ -124,6 +124,11 @@ class CoupledSampler(TokenSampler):
         noise = self.noise(position, probs.shape[-1]).to(probs.device)
         return int((probs.float() / noise).argmax())
 
+    def gumbel(self, first_position: int, k: int, vocab: int) -> torch.Tensor:
+        """-log E of positions first_position.. first_position + k - 1 [k, vocab]: the same races as
+        ``draw``, as Gumbel-max noise (argmax of log q + g) for a draft drawn inside a native call."""
+        return torch.stack([self.noise(first_position + i, vocab) for i in range(k)]).log_().neg_()
+
     def draw_rows(self, probs: torch.Tensor, first_position: int) -> list[int]:
         vocab = probs.shape[-1]
         noise = torch.stack([self.noise(first_position + r, vocab) for r in range(probs.shape[0])])

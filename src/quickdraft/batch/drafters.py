@@ -8,13 +8,14 @@ positions at the end of their cache entry, past anything a sequence holds.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
 
 from quickdraft.drafters.base import Draft, Drafter
-from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.draft_model import CATCH_UP_AFTER, DraftModelDrafter, races_natively
 from quickdraft.drafters.early_exit import EarlyExitDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.batch.prefill import PrefillChunk, grouping, prefill
@@ -175,7 +176,33 @@ class BatchedDraftModel(_ModelDrafter):
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest], n_slots: int) -> list[Draft]:
+        active = [r for r in requests if r.k > 0]
+        if len(active) == 1 and self.model.native is not None and (
+                active[0].sampling.greedy or races_natively(active[0].sampling, active[0].sampler)):
+            return self._propose_alone_natively(requests, active[0])
         return super().propose(requests, n_slots)
+
+    def _propose_alone_natively(self, requests: list[DraftRequest], request: DraftRequest) -> list[Draft]:
+        """One sequence drafts: its whole chain in one native call on its cache entry, as the
+        single-sequence draft model does (``DraftModelDrafter._propose_natively``), instead of a
+        [1, 1] forward and Python per position."""
+        entry = self.cache.entry(request.slot)
+        entry.length = self.length[request.slot]
+        pending = request.tokens[entry.length:]
+        catch_up = 0.0
+        if len(pending) > CATCH_UP_AFTER:  # fell behind (steps without drafts): prefill all but the last
+            start = time.perf_counter()
+            self.model.prefill(torch.tensor([pending[:-1]]), entry.length, entry)
+            entry.length += len(pending) - 1
+            catch_up = time.perf_counter() - start
+        gumbel = None if request.sampling.greedy else request.sampler.gumbel(  # type: ignore[attr-defined]
+            len(request.tokens), request.k, self.vocab_limit)
+        drafted = self.model.native.draft_greedy(request.tokens[entry.length:], request.k, self.vocab_limit, entry,
+                                                 gumbel, request.sampling.temperature)
+        self._after_propose([request], {request.slot: drafted})
+        drafts = {r.slot: Draft([], None) for r in requests}
+        drafts[request.slot] = Draft(drafted, None, request.k, catch_up_seconds=catch_up)
+        return [drafts[r.slot] for r in requests]
 
     def _after_propose(self, active: list[DraftRequest], drafted: dict[int, list[int]]) -> None:
         for r in active:

@@ -143,10 +143,7 @@ class DraftModelDrafter(Drafter):
         - log E): the draws agree but for last-bit near-ties, and the target's race decides each
         token either way. No q comes back: the coupled rule verifies without one."""
         assert self.cache is not None and self.model.native is not None
-        gumbel = None
-        if not sampling.greedy:
-            noise = torch.stack([sampler.noise(len(tokens) + i, self.vocab_limit) for i in range(k)])  # type: ignore[attr-defined]
-            gumbel = noise.log().neg_()
+        gumbel = None if sampling.greedy else sampler.gumbel(len(tokens), k, self.vocab_limit)  # type: ignore[attr-defined]
         drafted = self.model.native.draft_greedy(tokens[self.cache.length :], k, self.vocab_limit, self.cache,
                                                  gumbel, sampling.temperature)
         self._base = len(tokens)
