@@ -262,7 +262,8 @@ def test_a_greedy_draft_in_one_call_is_the_step_by_step_draft(checkpoints, dtype
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_a_coupled_sampled_draft_in_one_call_races_as_the_step_by_step_draft(checkpoints, dtype: str) -> None:
     """Under the coupled rule a sampled chain is drafted in one call too (a Gumbel-max over the
-    positions' noise): the same tokens as Python's race step by step; top-p stays in Python."""
+    positions' noise): the same tokens as Python's race step by step at a plain temperature; with
+    top-p the untruncated race, in one call too; the rejection rule (it needs q) steps in Python."""
     from quickdraft.drafters.base import DraftContext
     from quickdraft.drafters.draft_model import DraftModelDrafter
     from quickdraft.model.loader import load_model
@@ -291,8 +292,11 @@ def test_a_coupled_sampled_draft_in_one_call_races_as_the_step_by_step_draft(che
                 drafter.accept(accepted)
             tokens += one_call.tokens[:accepted] + [7]
     assert len(calls) == 8 and drafted > 16  # every proposal in one call, and not one repeated token
-    nucleus = SamplingParams(temperature=0.8, top_p=0.9, seed=11)
-    assert drafters[0].propose(tokens, 3, nucleus, sampler_for(nucleus)).q is not None and len(calls) == 8
+    nucleus = SamplingParams(temperature=0.8, top_p=0.9, seed=11)  # races the untruncated softmax, in one call
+    assert drafters[0].propose(tokens, 3, nucleus, sampler_for(nucleus)).q is None and len(calls) == 9
+    drafters[0].accept(0)
+    rejection = SamplingParams(temperature=0.8, seed=11, rule="rejection")  # needs q: step by step
+    assert drafters[0].propose(tokens + [7], 3, rejection, sampler_for(rejection)).q is not None and len(calls) == 9
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])

@@ -28,6 +28,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--drafter", default=None, help="default: the embedded draft model")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -39,7 +40,7 @@ def main() -> None:
         draft_model.races_natively = native if in_one_call else (lambda sampling, sampler: False)
         outputs, tokens, seconds = [], 0, 0.0
         for i, prompt in enumerate(prompts):
-            sampling = SamplingParams(temperature=args.temperature, seed=i)
+            sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=i)
             start = time.perf_counter()
             result = engine.generate(prompt, args.tokens, sampling, gamma=gamma)
             seconds += time.perf_counter() - start

@@ -26,10 +26,12 @@ log = logging.getLogger(__name__)
 
 
 def races_natively(sampling: SamplingParams, sampler: TokenSampler) -> bool:
-    """Whether a sampled chain can be drafted inside one native call: the coupled rule (its draws
-    are a race over noise known in advance, and it verifies without q) at a plain temperature
-    (the race over the untruncated softmax; top-k or top-p would need the truncated q)."""
-    return sampler.coupled and sampling.top_k == 0 and sampling.top_p >= 1.0
+    """Whether a sampled chain can be drafted inside one native call: under the coupled rule, whose
+    draws are a race over noise known in advance and which verifies without q. With top-k or top-p
+    the call races the untruncated softmax: a drafted token outside the truncation is only ever
+    rejected by the target's own race. Measured (embedded pair, T = 0.8, top_p = 0.95, auto γ): 0.86x
+    plain drafting step by step with the truncated q, 1.02x in one call."""
+    return sampler.coupled
 
 
 def check_vocabulary_compatible(target: Tokenizer, draft: Tokenizer) -> None:
@@ -140,8 +142,9 @@ class DraftModelDrafter(Drafter):
         """``propose``'s chain as one C++ call (the same forwards): on the embedded draft a step's
         Python costs about as much as its forward. Greedy: the argmaxes. Under the coupled rule, the
         same race as in Python over the positions' noise E, as a Gumbel-max (argmax of logit / T
-        - log E): the draws agree but for last-bit near-ties, and the target's race decides each
-        token either way. No q comes back: the coupled rule verifies without one."""
+        - log E) over the untruncated softmax: without top-k or top-p the draws agree but for
+        last-bit near-ties, and the target's race decides each token either way. No q comes back:
+        the coupled rule verifies without one."""
         assert self.cache is not None and self.model.native is not None
         gumbel = None if sampling.greedy else sampler.gumbel(len(tokens), k, self.vocab_limit)  # type: ignore[attr-defined]
         drafted = self.model.native.draft_greedy(tokens[self.cache.length :], k, self.vocab_limit, self.cache,
