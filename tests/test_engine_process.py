@@ -5,6 +5,7 @@ start-up errors, and a dead engine answered rather than hung on."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 import threading
@@ -17,6 +18,7 @@ import pytest
 pytest.importorskip("fastapi")
 
 from hf_factory import make_hf_checkpoint  # noqa: E402
+from server_helpers import metric, wait_for  # noqa: E402
 from tokenizer_factory import write_char_tokenizer  # noqa: E402
 
 from quickdraft import Engine  # noqa: E402
@@ -62,22 +64,6 @@ def target_dir(tmp_path_factory) -> Path:
     return path
 
 
-def metric(url: str, name: str, **labels: str) -> float:
-    want = "quickdraft_" + name + ("{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
-                                   if labels else "")
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith(want + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
-def wait_for(condition, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def stream_text(url: str, body: dict) -> tuple[str, int]:
     """(the streamed text, the number of text events)."""
     text, events = "", 0
@@ -85,8 +71,6 @@ def stream_text(url: str, body: dict) -> tuple[str, int]:
         assert response.status_code == 200
         for line in response.iter_lines():
             if line.startswith("data: {"):
-                import json
-
                 chunk = json.loads(line[6:])
                 if chunk["choices"] and chunk["choices"][0]["text"]:
                     text += chunk["choices"][0]["text"]

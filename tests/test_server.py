@@ -17,6 +17,7 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
 from hf_factory import make_hf_checkpoint  # noqa: E402
+from server_helpers import metric, wait_for  # noqa: E402
 from tokenizer_factory import write_char_tokenizer  # noqa: E402
 
 from quickdraft import Engine  # noqa: E402
@@ -67,24 +68,6 @@ def slow_engine(target_dir) -> Engine:
 
     engine.stream = slow_stream
     return engine
-
-
-def metric(server_url: str, name: str, **labels: str) -> float:
-    text = httpx.get(server_url + "/metrics").text
-    want = "quickdraft_" + name + ("{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}" if labels
-                                   else "")
-    for line in text.splitlines():
-        if line.startswith(want + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
-def wait_for(condition, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
 
 
 def check_speculative(spec: dict, completion_tokens: int) -> None:

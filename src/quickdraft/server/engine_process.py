@@ -101,7 +101,8 @@ def _final(item: Any) -> bool:
 
 # ---- the engine process -----------------------------------------------------------------------
 class _Outbox:
-    """The engine process's events, sent in one message per flush with the worker's gauges; and
+    """The engine process's events, sent in one message per flush with the last step's batch size
+    and γ; and
     its jobs by id, until their last event.
 
     A flush sends at most once per ``interval_s`` (a job's events in between merge into one),
@@ -140,7 +141,7 @@ class _Outbox:
         items = [(job_id, item, reason) for job_id, (item, reason) in self.items.items()]
         self.items, self.urgent, self.last_sent = {}, False, time.monotonic()
         worker = self.worker
-        gauges = (worker.running, worker.batch_size, worker.step_gamma) if worker is not None else (0, 0, 0)
+        gauges = (worker.batch_size, worker.step_gamma) if worker is not None else (0, 0)
         try:
             self.conn.send(("events", items, gauges))
         except (BrokenPipeError, OSError):  # the HTTP process is gone; the receiver stops the worker
@@ -282,16 +283,16 @@ class ProcessWorker:
         self._slots = threading.Semaphore(process.max_batch)
         self._jobs: dict[int, GenerationJob] = {}
         self._ids = itertools.count()
-        self._gauges = (0, 0, 0)  # running, batch size, step γ: the engine's, when it last sent events
+        self._gauges = (0, 0)  # the engine's batch size and step γ, when it last sent events
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lost = False
 
-    # The jobs the engine holds (generating, or admitted for its next step), counted here: the
-    # engine's own count travels with its events, and none follows its last one.
+    # The jobs the engine holds (generating, or admitted for its next step), counted here: a count
+    # of the engine's would travel with its events, and none follows its last one.
     running = property(lambda self: len(self._jobs))
-    batch_size = property(lambda self: self._gauges[1])
-    step_gamma = property(lambda self: self._gauges[2])
+    batch_size = property(lambda self: self._gauges[0])
+    step_gamma = property(lambda self: self._gauges[1])
 
     @property
     def alive(self) -> bool:
