@@ -115,6 +115,7 @@ class BatchScheduler:
         if engine.exact:
             self.shapes, self.narrow_windows = invariant_shapes(self.model, self.shapes, self.capacity)
             log.info("batched exact mode: shapes %s, narrowed attention windows: %s", self.shapes, self.narrow_windows)
+        self._cheapest: dict[tuple[int, int], tuple[int, int]] = {}  # (running, rows) -> the allowed shape
         self.waiting: deque[BatchRequest] = deque()
         self.active: list[BatchRequest] = []  # active[i].slot == i
         self._target_cost: dict[tuple[int, int], float] = {}  # (slots, rows) -> seconds
@@ -237,9 +238,11 @@ class BatchScheduler:
     def _shape(self, rows: int, needed: int) -> tuple[int, int, int]:
         """(slots, rows, attention window) of a target step over the active slots with ``rows`` rows
         each, whose real rows reach position ``needed`` - 1: the cheapest allowed shape that fits."""
-        slots = len(self.active)
-        s, r = min((shape for shape in self.shapes if shape[0] >= slots and shape[1] >= rows),
-                   key=lambda shape: (shape[0] * shape[1], shape))
+        key = (len(self.active), rows)
+        if key not in self._cheapest:  # goodput asks for every γ each step: the scan is worth keeping
+            self._cheapest[key] = min((shape for shape in self.shapes if shape[0] >= key[0] and shape[1] >= rows),
+                                      key=lambda shape: (shape[0] * shape[1], shape))
+        s, r = self._cheapest[key]
         return s, r, window_bucket(needed, self.capacity) if self.narrow_windows else self.capacity
 
     def _draft_lengths(self, ready: list[BatchRequest]) -> list[int]:

@@ -13,6 +13,8 @@ embedded target agrees in every shape in bf16; in fp32 a one-row product differs
 
 from __future__ import annotations
 
+import functools
+
 import logging
 from collections.abc import Sequence
 
@@ -53,7 +55,13 @@ def row_bucket(rows: int, max_rows: int) -> int:
 
 def scratch_positions(capacity: int, rows: int, n_slots: int) -> torch.Tensor:
     """[n_slots, rows] positions at the end of every cache entry, past any sequence's data: where
-    padding rows and idle slots of a step write keys nobody reads."""
+    padding rows and idle slots of a step write keys nobody reads. A fresh tensor (callers write
+    their real rows into it), cloned from one kept per shape: every step asks."""
+    return _scratch_template(capacity, rows, n_slots).clone()
+
+
+@functools.lru_cache(maxsize=256)
+def _scratch_template(capacity: int, rows: int, n_slots: int) -> torch.Tensor:
     return torch.arange(capacity - rows, capacity).repeat(n_slots, 1)
 
 
