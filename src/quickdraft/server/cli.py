@@ -36,7 +36,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--stream-interval", type=_non_negative_float, default=20.0, metavar="MS",
                         help="a streamed response's text goes out at most every MS milliseconds, its first and last "
                              "tokens at once (default 20; 0 = every engine step). Larger events let the HTTP layer "
-                             "keep up with a batch")
+                             "keep up with a batch. The engine's own process does this; --in-process sends every step")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     ray_group = parser.add_argument_group(
         "Ray Serve (scale out; needs pip install 'quickdraft[ray]')",
