@@ -8,14 +8,13 @@ positions at the end of their cache entry, past anything a sequence holds.
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
 
 from quickdraft.drafters.base import Draft, Drafter
-from quickdraft.drafters.draft_model import CATCH_UP_AFTER, DraftModelDrafter, races_natively
+from quickdraft.drafters.draft_model import DraftModelDrafter, catch_up, draft_natively, races_natively
 from quickdraft.drafters.early_exit import EarlyExitDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.batch.prefill import PrefillChunk, grouping, prefill
@@ -188,20 +187,12 @@ class BatchedDraftModel(_ModelDrafter):
         [1, 1] forward and Python per position."""
         entry = self.cache.entry(request.slot)
         entry.length = self.length[request.slot]
-        pending = request.tokens[entry.length:]
-        catch_up = 0.0
-        if len(pending) > CATCH_UP_AFTER:  # fell behind (steps without drafts): prefill all but the last
-            start = time.perf_counter()
-            self.model.prefill(torch.tensor([pending[:-1]]), entry.length, entry)
-            entry.length += len(pending) - 1
-            catch_up = time.perf_counter() - start
-        gumbel = None if request.sampling.greedy else request.sampler.gumbel(  # type: ignore[attr-defined]
-            len(request.tokens), request.k, self.vocab_limit)
-        drafted = self.model.native.draft_greedy(request.tokens[entry.length:], request.k, self.vocab_limit, entry,
-                                                 gumbel, request.sampling.temperature)
+        seconds = catch_up(self.model, entry, request.tokens)  # behind after steps without drafts
+        drafted = draft_natively(self.model, entry, request.tokens, request.k, self.vocab_limit, request.sampling,
+                                 request.sampler)
         self._after_propose([request], {request.slot: drafted})
         drafts = {r.slot: Draft([], None) for r in requests}
-        drafts[request.slot] = Draft(drafted, None, request.k, catch_up_seconds=catch_up)
+        drafts[request.slot] = Draft(drafted, None, request.k, catch_up_seconds=seconds)
         return [drafts[r.slot] for r in requests]
 
     def _after_propose(self, active: list[DraftRequest], drafted: dict[int, list[int]]) -> None:

@@ -14,6 +14,7 @@ from quickdraft.model.compiled import CompiledSteps, CompiledTreeSteps, static_c
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.loader import LoadedModel
 from quickdraft.model.tokenizer import Tokenizer
+from quickdraft.model.transformer import Transformer
 from quickdraft.randomness import TokenSampler
 from quickdraft.sampling import SamplingParams
 from quickdraft.tree import TokenTree
@@ -32,6 +33,27 @@ def races_natively(sampling: SamplingParams, sampler: TokenSampler) -> bool:
     rejected by the target's own race. Measured (embedded pair, T = 0.8, top_p = 0.95, auto γ): 0.86x
     plain drafting step by step with the truncated q, 1.02x in one call."""
     return sampler.coupled
+
+
+def catch_up(model: Transformer, cache: KVCache, tokens: list[int]) -> float:
+    """Prefill all but the last of the tokens ``cache`` lacks when more than CATCH_UP_AFTER are
+    pending (cache writes only, the same bits as feeding them); the seconds it took."""
+    if len(tokens) - cache.length <= CATCH_UP_AFTER:
+        return 0.0
+    start = time.perf_counter()
+    model.prefill(torch.tensor([tokens[cache.length:-1]], device=model.device), cache.length, cache)
+    cache.length = len(tokens) - 1
+    return time.perf_counter() - start
+
+
+def draft_natively(model: Transformer, cache: KVCache, tokens: list[int], k: int, vocab_limit: int,
+                   sampling: SamplingParams, sampler: TokenSampler) -> list[int]:
+    """k draft tokens after ``tokens`` (``cache`` holds the first ``cache.length``) in one native
+    call: greedy, or the coupled rule's race (``races_natively``). The cache's length is left to
+    the caller: it then holds ``len(tokens) + k - 1`` tokens."""
+    assert model.native is not None
+    gumbel = None if sampling.greedy else sampler.gumbel(len(tokens), k, vocab_limit)  # type: ignore[attr-defined]
+    return model.native.draft_greedy(tokens[cache.length:], k, vocab_limit, cache, gumbel, sampling.temperature)
 
 
 def check_vocabulary_compatible(target: Tokenizer, draft: Tokenizer) -> None:
@@ -126,17 +148,8 @@ class DraftModelDrafter(Drafter):
         return draft
 
     def _catch_up(self, tokens: list[int]) -> float:
-        """Prefill all but the last of the pending tokens when more than CATCH_UP_AFTER are pending
-        (cache writes only, the same bits as feeding them); the seconds it took."""
         assert self.cache is not None
-        pending = len(tokens) - self.cache.length
-        if pending <= CATCH_UP_AFTER:
-            return 0.0
-        start = time.perf_counter()
-        self.model.prefill(torch.tensor([tokens[self.cache.length:-1]], device=self.model.device), self.cache.length,
-                           self.cache)
-        self.cache.length = len(tokens) - 1
-        return time.perf_counter() - start
+        return catch_up(self.model, self.cache, tokens)
 
     def _propose_natively(self, tokens: list[int], k: int, sampling: SamplingParams, sampler: TokenSampler) -> Draft:
         """``propose``'s chain as one C++ call (the same forwards): on the embedded draft a step's
@@ -145,10 +158,8 @@ class DraftModelDrafter(Drafter):
         - log E) over the untruncated softmax: without top-k or top-p the draws agree but for
         last-bit near-ties, and the target's race decides each token either way. No q comes back:
         the coupled rule verifies without one."""
-        assert self.cache is not None and self.model.native is not None
-        gumbel = None if sampling.greedy else sampler.gumbel(len(tokens), k, self.vocab_limit)  # type: ignore[attr-defined]
-        drafted = self.model.native.draft_greedy(tokens[self.cache.length :], k, self.vocab_limit, self.cache,
-                                                 gumbel, sampling.temperature)
+        assert self.cache is not None
+        drafted = draft_natively(self.model, self.cache, tokens, k, self.vocab_limit, sampling, sampler)
         self._base = len(tokens)
         self._fed = k - 1
         self.cache.length = self._base + self._fed
