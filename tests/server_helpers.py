@@ -24,3 +24,11 @@ def wait_for(condition, timeout: float = 20.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.02)
+
+
+def hang_up_after_first_token(server_url: str, body: dict) -> None:
+    """Stream a completion and disconnect as soon as its first chunk arrives."""
+    with httpx.stream("POST", server_url + "/v1/completions", json=body, timeout=30) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                return

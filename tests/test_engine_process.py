@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("fastapi")
 
 from hf_factory import make_hf_checkpoint  # noqa: E402
-from server_helpers import metric, wait_for  # noqa: E402
+from server_helpers import hang_up_after_first_token, metric, wait_for  # noqa: E402
 from tokenizer_factory import write_char_tokenizer  # noqa: E402
 
 from quickdraft import Engine  # noqa: E402
@@ -108,10 +108,7 @@ def test_disconnect_and_deadline_reach_the_engine_process(target_dir):
     process = EngineProcess(functools.partial(build_slow_engine, str(target_dir), 0.02), max_batch=1)
     with BackgroundServer(create_app(process, model_name=MODEL, request_timeout_s=3.0)) as srv:
         body = {"model": MODEL, "prompt": "hello", "max_tokens": 400, "temperature": 0, "stream": True}
-        with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=30) as response:
-            for line in response.iter_lines():
-                if line.startswith("data: {"):
-                    break  # one token arrived: now hang up
+        hang_up_after_first_token(srv.url, body)
         wait_for(lambda: metric(srv.url, "generations_cancelled_total", reason="disconnect") == 1)
         assert 0 < metric(srv.url, "generation_tokens_total") < 100, "the engine stopped within a few steps"
         assert httpx.get(srv.url + "/health").json()["running"] == 0

@@ -17,7 +17,7 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
 from hf_factory import make_hf_checkpoint  # noqa: E402
-from server_helpers import metric, wait_for  # noqa: E402
+from server_helpers import hang_up_after_first_token, metric, wait_for  # noqa: E402
 from tokenizer_factory import write_char_tokenizer  # noqa: E402
 
 from quickdraft import Engine  # noqa: E402
@@ -303,10 +303,7 @@ def test_oversized_body_gets_413(target_dir, engine):
 def test_client_disconnect_stops_its_generation(slow_engine):
     with BackgroundServer(create_app(slow_engine, model_name=MODEL, max_batch=1)) as srv:
         body = {"model": MODEL, "prompt": "hello", "max_tokens": 400, "temperature": 0, "stream": True}
-        with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=30) as response:
-            for line in response.iter_lines():
-                if line.startswith("data: {"):
-                    break  # one token arrived: now hang up
+        hang_up_after_first_token(srv.url, body)
         wait_for(lambda: metric(srv.url, "generations_cancelled_total", reason="disconnect") == 1)
         generated = metric(srv.url, "generation_tokens_total")
         assert 0 < generated < 100, "the engine stopped within a few steps of the disconnect"
