@@ -296,13 +296,18 @@ class ProcessWorker:
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self.process.process.is_alive()
+        """The engine process runs, and so does the forwarder once started."""
+        return self.process.process.is_alive() and (self._thread is None or self._thread.is_alive())
 
     def start(self) -> None:
-        """Start forwarding; called from the event loop (the app's lifespan, or its first request)."""
+        """Start forwarding on the running event loop (the app's lifespan, or its first request);
+        outside one (a Ray Serve replica's constructor) it waits for the first request."""
         if self._loop is not None:
             return
-        self._loop = asyncio.get_running_loop()
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
         self._loop.add_reader(self.process.conn.fileno(), self._on_readable)
         self._thread = threading.Thread(target=self._forward, name="quickdraft-forwarder", daemon=True)
         self._thread.start()

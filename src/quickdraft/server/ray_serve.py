@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -53,9 +54,16 @@ class EngineReplica:
         from quickdraft.cli import build_engine
         from quickdraft.server.app import create_app
         from quickdraft.server.cli import warm_up
+        from quickdraft.server.engine_process import DEFAULT_STREAM_INTERVAL_S, EngineProcess
 
-        engine = build_engine(argparse.Namespace(**engine_args))
-        warm_up(engine, app_options["max_batch"])
+        args = argparse.Namespace(**engine_args)
+        if getattr(args, "in_process", False):
+            engine = build_engine(args)
+            warm_up(engine, app_options["max_batch"])
+        else:  # as single-process serving: the replica's event loop and its engine do not share a GIL
+            interval = getattr(args, "stream_interval", None)
+            engine = EngineProcess(functools.partial(build_engine, args), app_options["max_batch"],
+                                   stream_interval_s=DEFAULT_STREAM_INTERVAL_S if interval is None else interval / 1000)
         self.app = create_app(engine, **app_options)
         self.state = self.app.state.quickdraft
         self.state.worker.start()
@@ -77,9 +85,9 @@ class EngineReplica:
         return self.replica_id, self.state.metrics.snapshot()
 
     def check_health(self) -> None:
-        """Called by Ray Serve every few seconds; a replica whose engine thread died is replaced."""
+        """Called by Ray Serve every few seconds; a replica whose engine (process or thread) died is replaced."""
         if not self.state.worker.alive:
-            raise RuntimeError("the engine worker thread is not running")
+            raise RuntimeError("the engine is not running")
 
     def __del__(self) -> None:
         state = getattr(self, "state", None)
