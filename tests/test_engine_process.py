@@ -30,7 +30,7 @@ from quickdraft.server.cli import BackgroundServer  # noqa: E402
 from quickdraft.server.engine_process import EngineProcess  # noqa: E402
 
 MODEL = "tiny"
-PROMPTS = ["hello", "abc abc abc", "the cat sat", "0123 0123", "xyz", "once upon a time"]
+PROMPTS = ["hello", "abc abc abc", "the cat sat", "once upon a time"]
 
 
 # Built in the engine process: module-level, so that spawn can import them.
@@ -81,13 +81,13 @@ def stream_text(url: str, body: dict) -> tuple[str, int]:
 def test_concurrent_requests_get_what_the_engine_gives_each_alone(target_dir):
     alone = Engine(str(target_dir), drafter="prompt-lookup")
     samplings = [SamplingParams(), SamplingParams(temperature=0.9, top_p=0.9, seed=5)]
-    expected = {(p, i): alone.generate(p, 40, samplings[i]).text for p in PROMPTS for i in range(2)}
+    expected = {(p, i): alone.generate(p, 24, samplings[i]).text for p in PROMPTS for i in range(2)}
     process = EngineProcess(functools.partial(build_engine, str(target_dir)), max_batch=4)
     with BackgroundServer(create_app(process, model_name=MODEL)) as srv:
         got: dict = {}
 
         def one(prompt: str, i: int) -> None:
-            body = {"model": MODEL, "prompt": prompt, "max_tokens": 40, "temperature": samplings[i].temperature,
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 24, "temperature": samplings[i].temperature,
                     "top_p": samplings[i].top_p, "seed": samplings[i].seed}
             got[(prompt, i)] = stream_text(srv.url, body)[0] if i else httpx.post(
                 srv.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
@@ -106,18 +106,18 @@ def test_concurrent_requests_get_what_the_engine_gives_each_alone(target_dir):
 
 def test_disconnect_and_deadline_reach_the_engine_process(target_dir):
     process = EngineProcess(functools.partial(build_slow_engine, str(target_dir), 0.02), max_batch=1)
-    with BackgroundServer(create_app(process, model_name=MODEL, request_timeout_s=3.0)) as srv:
+    with BackgroundServer(create_app(process, model_name=MODEL, request_timeout_s=1.5)) as srv:
         body = {"model": MODEL, "prompt": "hello", "max_tokens": 400, "temperature": 0, "stream": True}
         hang_up_after_first_token(srv.url, body)
         wait_for(lambda: metric(srv.url, "generations_cancelled_total", reason="disconnect") == 1)
         assert 0 < metric(srv.url, "generation_tokens_total") < 100, "the engine stopped within a few steps"
         assert httpx.get(srv.url + "/health").json()["running"] == 0
 
-        # The deadline (3 s; 400 tokens take 8 s) is the engine process's to enforce once it runs.
+        # The deadline (1.5 s; 400 tokens take 8 s) is the engine process's to enforce once it runs.
         started = time.monotonic()
         timed_out = httpx.post(srv.url + "/v1/completions", json={**body, "stream": False}, timeout=30).json()
         assert timed_out["choices"][0]["finish_reason"] == "length"
-        assert 0 < timed_out["usage"]["completion_tokens"] < 400 and time.monotonic() - started < 6
+        assert 0 < timed_out["usage"]["completion_tokens"] < 400 and time.monotonic() - started < 4
         assert metric(srv.url, "generations_cancelled_total", reason="timeout") == 1
 
 
