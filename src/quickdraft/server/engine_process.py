@@ -95,6 +95,10 @@ def _portable(item: Any) -> Any:
     return item
 
 
+def _engine_exited() -> EngineFailure:
+    return EngineFailure("EngineProcessExited", "the engine process exited")
+
+
 def _final(item: Any) -> bool:
     return not isinstance(item, StreamEvent) or item.result is not None
 
@@ -342,9 +346,7 @@ class ProcessWorker:
                 self._slots.release()
                 continue
             if self._lost:
-                job.finished = True
-                job.emit(EngineFailure("EngineProcessExited", "the engine process exited"))
-                self._slots.release()
+                self._fail_lost(job)
                 continue
             job_id = next(self._ids)
             self._jobs[job_id] = job
@@ -353,17 +355,19 @@ class ProcessWorker:
                                                       job.stop, job.deadline)))
             except (BrokenPipeError, OSError):
                 self._jobs.pop(job_id, None)
-                job.finished = True
-                job.emit(EngineFailure("EngineProcessExited", "the engine process is gone"))
-                self._slots.release()
+                self._fail_lost(job)
                 continue
             job.on_cancel = lambda reason, job_id=job_id: self._cancel(job_id, reason)
             if job.cancel_reason is not None:  # cancelled between take() and on_cancel
                 self._cancel(job_id, job.cancel_reason)
             if self._lost and self._jobs.pop(job_id, None) is not None:  # the engine died meanwhile
-                job.finished = True
-                job.emit(EngineFailure("EngineProcessExited", "the engine process exited"))
-                self._slots.release()
+                self._fail_lost(job)
+
+    def _fail_lost(self, job: GenerationJob) -> None:
+        """Answer a job the engine process will never run (it exited), and free its slot."""
+        job.finished = True
+        job.emit(_engine_exited())
+        self._slots.release()
 
     def _cancel(self, job_id: int, reason: str) -> None:
         try:
@@ -410,6 +414,6 @@ class ProcessWorker:
         self._loop.remove_reader(self.process.conn.fileno())
         for job in list(self._jobs.values()):
             job.finished = True
-            job.events.put_nowait(EngineFailure("EngineProcessExited", "the engine process exited"))
+            job.events.put_nowait(_engine_exited())
             self._slots.release()
         self._jobs.clear()
