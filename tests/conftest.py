@@ -15,7 +15,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 # The test models are tiny: one thread is fastest, and pytest-xdist's workers share the cores.
 torch.set_num_threads(1)
 # Calibration results (early-exit layer) must not leak between test runs or into the user's cache.
-os.environ["QUICKDRAFT_CACHE_DIR"] = tempfile.mkdtemp(prefix="quickdraft-test-cache-")
+# The CPU kernels, a build keyed by their source, are shared by the run's workers: one builds them
+# while the other waits (kernels._build_once), instead of both compiling for ~20 s.
+_cache = Path(tempfile.mkdtemp(prefix="quickdraft-test-cache-"))
+_kernels = Path(tempfile.gettempdir()) / f"quickdraft-test-kernels-{os.environ.get('PYTEST_XDIST_TESTRUNUID', os.getpid())}"
+_kernels.mkdir(exist_ok=True)
+(_cache / "kernels").symlink_to(_kernels, target_is_directory=True)
+os.environ["QUICKDRAFT_CACHE_DIR"] = str(_cache)
 
 from hf_factory import make_hf_checkpoint  # noqa: E402
 
@@ -26,6 +32,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
     order = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda item: (item.module.__name__ not in slow_modules, order[id(item)]))
+
+
+# Modules whose tests share one xdist worker (``pytest.mark.xdist_group``).
+GROUPED_MODULES = ("tests/test_ray_serve.py",)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    """Under ``--dist loadgroup`` a grouped test's id carries its group (``...@ray``); without the
+    suffix xdist spreads the group over the workers, silently, and each rebuilds the module's
+    fixtures (the Ray tests started Ray twice, ~90 s each). Stop instead."""
+    if node.config.getoption("dist") != "loadgroup":
+        return
+    lost = [i for i in ids if i.startswith(GROUPED_MODULES) and "@" not in i]
+    if lost:
+        raise pytest.UsageError(f"pytest-xdist did not group {lost[0]}: this pytest and pytest-xdist disagree on "
+                                "node ids (pytest-dev/pytest-xdist#1386); install the versions pinned by "
+                                "pyproject.toml's dev extra")
 
 from quickdraft.model.loader import LoadedModel, load_model  # noqa: E402
 from quickdraft.model.weights import save_pretrained  # noqa: E402

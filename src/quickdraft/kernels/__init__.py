@@ -102,6 +102,18 @@ def _build(compiler: str, library: Path, isa_flags: tuple[str, ...]) -> None:
         os.replace(partial, library)
 
 
+def _build_once(compiler: str, library: Path, isa_flags: tuple[str, ...]) -> None:
+    """Build unless another process does it now: processes that start together on a fresh machine
+    (test workers, a server's replicas) wait for one build instead of each compiling for ~20 s."""
+    import fcntl  # POSIX only, like the kernels (available() runs on Linux alone)
+
+    library.parent.mkdir(parents=True, exist_ok=True)
+    with open(library.parent / f"{library.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not library.exists():
+            _build(compiler, library, isa_flags)
+
+
 @functools.cache
 def available() -> bool:
     """True when the kernels are loaded (built now if needed) for this CPU's instruction set."""
@@ -118,7 +130,7 @@ def available() -> bool:
     try:
         library = _library_path(compiler, isa_flags)
         if not library.exists():
-            _build(compiler, library, isa_flags)
+            _build_once(compiler, library, isa_flags)
         torch.ops.load_library(str(library))
     except Exception as exc:  # noqa: BLE001 - any failure: torch's products are always correct
         log.warning("quickdraft's CPU kernels are unavailable (%s: %s); products stay torch's",
