@@ -1,13 +1,28 @@
 """The nucleus (top-p) cut from each row's largest tokens gives the full sort's probabilities, bit
-for bit, ties included (broken by token id)."""
+for bit, ties included (broken by token id): in Python and in the native kernel alike."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from quickdraft import sampling
+from quickdraft import kernels, sampling
 from quickdraft.sampling import SamplingParams, probabilities
+
+
+@pytest.fixture(params=["python", "native"])
+def nucleus_path(request, monkeypatch):
+    """Each equality test runs on the Python cut and on the native one (where the kernels build)."""
+    if request.param == "python":
+        monkeypatch.setattr(kernels, "available", lambda: False)
+    elif not kernels.available():
+        pytest.skip("quickdraft's CPU kernels are not available here")
+    return request.param
+
+
+@pytest.fixture
+def python_path(monkeypatch):
+    monkeypatch.setattr(kernels, "available", lambda: False)
 
 
 def full_sort_reference(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -44,7 +59,7 @@ PARAMS = [
 
 @pytest.mark.parametrize("vocab", [8192, 12])  # a small vocabulary is sorted whole
 @pytest.mark.parametrize("params", PARAMS)
-def test_the_nucleus_from_the_largest_tokens_equals_the_full_sort(params, vocab):
+def test_the_nucleus_from_the_largest_tokens_equals_the_full_sort(params, vocab, nucleus_path):
     logits = rows_of_every_kind(vocab)
     assert torch.equal(probabilities(logits, params), full_sort_reference(logits, params))
     assert torch.equal(probabilities(logits[3:9].reshape(2, 3, -1), params),
@@ -52,14 +67,14 @@ def test_the_nucleus_from_the_largest_tokens_equals_the_full_sort(params, vocab)
 
 
 @pytest.mark.parametrize("params", PARAMS[:3])
-def test_a_row_whose_candidates_fall_short_is_sorted_whole(monkeypatch, params):
+def test_a_row_whose_candidates_fall_short_is_sorted_whole(monkeypatch, params, python_path):
     """The fallback gives the same bits: here every row takes it (no candidate at all)."""
     monkeypatch.setattr(sampling, "_smallest_with_exponent", lambda exponent: float("inf"))
     logits = rows_of_every_kind()
     assert torch.equal(probabilities(logits, params), full_sort_reference(logits, params))
 
 
-def test_a_peaked_row_sorts_a_few_tokens_not_the_vocabulary(monkeypatch):
+def test_a_peaked_row_sorts_a_few_tokens_not_the_vocabulary(monkeypatch, python_path):
     sorted_sizes = []
     real_sort = torch.Tensor.sort
     monkeypatch.setattr(torch.Tensor, "sort", lambda self, *a, **k: sorted_sizes.append(self.numel()) or

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from quickdraft import kernels
 from quickdraft.errors import SamplingParamsError
 
 
@@ -97,8 +98,12 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     first in the full sort, with the same values in the same order, and the cumulative sum, which
     scans left to right, has the same bits. Where rounding left the cut outside them, the row is
     sorted whole; so is every row of a small vocabulary, where one sort is the cheaper way (12
-    tokens: 18 against 450 µs for 8 rows)."""
+    tokens: 18 against 450 µs for 8 rows). Where quickdraft's CPU kernels run, one native call does
+    the same (``kernels.nucleus_keep``): the ~25 tensor ops cost ~0.2 ms on a single row."""
     flat = probs.reshape(-1, probs.shape[-1])
+    if flat.dtype == torch.float32 and flat.device.type == "cpu" and kernels.available():
+        out = kernels.nucleus_keep(flat, top_p, NUCLEUS_MARGIN)  # the same cut in one native call
+        return (out / out.sum(-1, keepdim=True)).reshape(probs.shape)
     if flat.shape[-1] <= SORT_WHOLE_UP_TO:
         out = _kept_by_sorting(flat, top_p)
         return (out / out.sum(-1, keepdim=True)).reshape(probs.shape)

@@ -220,3 +220,9 @@ def draft_greedy(tokens: torch.Tensor, start: int, k: int, vocab_limit: int, cos
     return torch.ops.quickdraft.draft_greedy(tokens, start, k, vocab_limit, cos, signed_sin, keys, values, weights,
                                              n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, ids, noise,
                                              1.0 if gumbel is None else 1.0 / temperature)
+
+
+def nucleus_keep(probs: torch.Tensor, top_p: float, margin: float) -> torch.Tensor:
+    """fp32 probability rows [rows, vocab] with the tokens past each row's top-p nucleus zeroed, not
+    renormalised: ``sampling._nucleus``'s definition, bit for bit, in one call."""
+    return torch.ops.quickdraft.nucleus_keep(probs, top_p, margin)

@@ -1,5 +1,5 @@
 // quickdraft's CPU decode kernels: the weight products and the attention of steps of a few rows,
-// and a whole Llama-family forward over them. Each computes a row the same way whatever the other
+// a whole Llama-family forward over them, and top-p's cut of sampled rows. Each computes a row the same way whatever the other
 // rows, the batch or the cache window: exact mode's row and batch invariance hold by construction.
 //
 // Built for one of two instruction sets, chosen by the build (kernels/__init__.py):
@@ -892,6 +892,68 @@ at::Tensor draft_greedy(const at::Tensor& tokens, int64_t start, int64_t k, int6
   });
 }
 
+// quickdraft::nucleus_keep: rows of probabilities [rows, vocab] (fp32) with every token past the
+// row's top-p nucleus zeroed, by sampling._nucleus's definition (the caller renormalises): in order
+// of descending probability, ties by the lower token id first, token j goes when the fp32
+// cumulative mass before it, (cum_j - p_j), reaches top_p; the first token always stays. The
+// cumulative sum is torch's on the CPU (a double accumulator rounded to fp32 at each step), so the
+// kept set has the same bits as the stable full sort. As in Python, only the tokens of the highest
+// fp32 exponents that hold top_p + margin of the mass are sorted: every other token is smaller
+// than all of them, so they lead the full sort in the same order; a row whose candidates fall
+// short of the margin (rounding) is sorted whole. One call replaces ~25 tensor ops a call
+// (~0.2 ms on one row of the embedded target's 8,192 tokens).
+at::Tensor nucleus_keep(const at::Tensor& probs, double top_p, double margin) {
+  TORCH_CHECK(probs.dim() == 2 && probs.scalar_type() == at::kFloat, "nucleus_keep: float32 [rows, vocab]");
+  const at::Tensor x = probs.contiguous();
+  at::Tensor out = at::zeros_like(x);
+  const int64_t rows = x.size(0), vocab = x.size(1);
+  const float cut = static_cast<float>(top_p);  // torch compares an fp32 tensor with top_p in fp32
+  const float* all = x.data_ptr<float>();
+  float* kept_all = out.data_ptr<float>();
+  std::vector<std::pair<float, int64_t>> candidates;
+  candidates.reserve(vocab);
+  auto exponent = [](float value) {
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    return static_cast<int>((bits >> 23) & 0xff);
+  };
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* p = all + r * vocab;
+    float* kept = kept_all + r * vocab;
+    double mass[256] = {};
+    for (int64_t v = 0; v < vocab; ++v) mass[exponent(p[v])] += p[v];
+    int floor = 0;
+    double above = 0.0;
+    for (int e = 255; e > 0; --e) {
+      above += mass[e];
+      if (above >= top_p + 2 * margin) {
+        floor = e;
+        break;
+      }
+    }
+    for (int pass = 0; pass < 2; ++pass) {
+      candidates.clear();
+      for (int64_t v = 0; v < vocab; ++v)
+        if (exponent(p[v]) >= floor) candidates.emplace_back(p[v], v);
+      std::sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+      });
+      double running = 0.0;
+      for (const auto& c : candidates) running += c.first;
+      if (floor == 0 || running >= top_p + margin) break;
+      floor = 0;  // rounding left the cut outside the candidates: every token is one
+    }
+    double running = 0.0;
+    for (size_t j = 0; j < candidates.size(); ++j) {
+      const float value = candidates[j].first;
+      running += value;
+      const float cumulative = static_cast<float>(running);
+      if (j == 0 || !(cumulative - value >= cut)) kept[candidates[j].second] = value;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(quickdraft, m) {
@@ -904,6 +966,7 @@ TORCH_LIBRARY(quickdraft, m) {
   m.def("draft_greedy(Tensor tokens, int start, int k, int vocab_limit, Tensor cos, Tensor signed_sin, "
         "Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, int n_kv, int head_dim, "
         "int intermediate, int vocab, float eps, Tensor head_ids, Tensor gumbel, float inverse_temperature) -> Tensor");
+  m.def("nucleus_keep(Tensor probs, float top_p, float margin) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
@@ -912,4 +975,5 @@ TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
   m.impl("rms_norm_bf16", &rms_norm_bf16);
   m.impl("forward", &forward);
   m.impl("draft_greedy", &draft_greedy);
+  m.impl("nucleus_keep", &nucleus_keep);
 }
