@@ -37,6 +37,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from quickdraft.batch.scheduler import DEFAULT_MAX_BATCH
 from quickdraft.engine import Engine, StreamEvent
 from quickdraft.errors import ContextLengthError, QuickdraftError, SamplingParamsError
 from quickdraft.sampling import SamplingParams
@@ -58,7 +59,6 @@ from quickdraft.server.worker import EngineWorker, GenerationJob, NotRun, QueueF
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_QUEUE = 64
-DEFAULT_MAX_BATCH = 16  # concurrent sequences per step (continuous batching); 1 = one request at a time
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_GAMMA = "auto"  # the CLI's default (quickdraft generate --gamma auto)

@@ -7,6 +7,7 @@ import functools
 import logging
 import sys
 
+from quickdraft.batch.scheduler import DEFAULT_MAX_BATCH
 from quickdraft.errors import QuickdraftError
 
 log = logging.getLogger(__name__)
@@ -22,8 +23,9 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", help="the model id clients send (default: --target as given, "
                         "or 'quickdraft' for the embedded model)")
-    parser.add_argument("--max-batch", type=_positive_int, default=16,
-                        help="requests decoded together (continuous batching, default 16); 1 = one at a time")
+    parser.add_argument("--max-batch", type=_positive_int, default=DEFAULT_MAX_BATCH,
+                        help=f"requests decoded together (continuous batching, default {DEFAULT_MAX_BATCH}); "
+                        "1 = one at a time")
     parser.add_argument("--max-queue", type=_positive_int, default=64,
                         help="requests that may wait for the engine; more get 429 (default 64)")
     parser.add_argument("--request-timeout", type=_positive_float, default=300.0,
