@@ -157,3 +157,33 @@ def test_a_dead_engine_process_fails_its_requests_instead_of_hanging(target_dir)
         assert "EngineProcessExited" in result[0].json()["error"]["message"]
         later = httpx.post(srv.url + "/v1/completions", json=body, timeout=30)
         assert later.status_code == 500
+
+
+HTTP_SIDE = """
+import functools, json, sys, httpx
+from quickdraft.cli import build_engine, build_parser
+from quickdraft.server.app import create_app
+from quickdraft.server.cli import BackgroundServer
+from quickdraft.server.engine_process import EngineProcess
+args = build_parser().parse_args(["serve", "--target", sys.argv[1], "--drafter", "prompt-lookup", "--threads", "1"])
+process = EngineProcess(functools.partial(build_engine, args), max_batch=2)
+with BackgroundServer(create_app(process, model_name="tiny")) as srv:
+    body = {"model": "tiny", "prompt": "abc abc", "max_tokens": 8, "temperature": 0.9, "top_p": 0.9, "seed": 1}
+    text = httpx.post(srv.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+    with httpx.stream("POST", srv.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+        streamed = [line for line in r.iter_lines() if line.startswith("data: ")]
+print(json.dumps({"torch": "torch" in sys.modules, "text": text, "events": len(streamed)}))
+"""
+
+
+def test_the_http_process_never_imports_torch(target_dir):
+    """The engine process holds the model; the HTTP process, which only tokenizes and relays, stays
+    without torch (~340 MiB of its RSS), requests, events and results included."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", HTTP_SIDE, str(target_dir)], capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["events"] >= 2 and report["text"]
+    assert report["torch"] is False

@@ -19,7 +19,7 @@ from quickdraft.exact import exact_row_bucket, tree_rows_match_chain
 from quickdraft.model.compiled import CompiledSteps, CompiledTreeSteps, static_capacity
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.loader import LoadedModel, default_draft_dtype, load_model
-from quickdraft.model.tokenizer import Tokenizer
+from quickdraft.model.tokenizer import decode_ids, encode_prompt
 from quickdraft.output import GenerationResult, RequestOutput, StreamEvent
 from quickdraft.randomness import TokenSampler, sampler_for
 from quickdraft.sampling import GREEDY, SamplingParams, probabilities
@@ -505,26 +505,6 @@ class Engine:
         padded = tokens + [0] * (pad_to - n) if pad_to else tokens
         x = torch.tensor([padded], device=self.device)
         return self.model(x, cache.length, cache, full_window=bool(pad_to))[0, :n, : self.vocab_limit]
-
-
-def encode_prompt(tokenizer: Tokenizer | None, vocab_limit: int, prompt: str | Sequence[int]) -> list[int]:
-    """A prompt's token ids: text through the tokenizer, ids checked against the vocabulary."""
-    if isinstance(prompt, str):
-        if tokenizer is None:
-            raise QuickdraftError("this model has no tokenizer.json: pass the prompt as a list of token ids")
-        ids = tokenizer.encode(prompt)
-    else:
-        ids = [int(t) for t in prompt]
-        bad = [t for t in ids if not 0 <= t < vocab_limit]
-        if bad:
-            raise QuickdraftError(f"token id {bad[0]} is outside the vocabulary 0..{vocab_limit - 1}")
-    if not ids:
-        raise QuickdraftError("the prompt is empty: give at least one token")
-    return ids
-
-
-def decode_ids(tokenizer: Tokenizer | None, ids: list[int]) -> str:
-    return "" if tokenizer is None else tokenizer.decode(ids)
 
 
 def engine_max_gamma(max_gamma: int, compile_target: bool, *, native: bool = False) -> int:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from quickdraft.batch import DEFAULT_MAX_BATCH
 from quickdraft.batch.drafters import BatchDrafter, DraftRequest, batch_drafter
 from quickdraft.batch.prefill import PrefillChunk, grouping, prefill
 from quickdraft.batch.shapes import (MIN_WINDOW, all_shapes, invariant_shapes, row_bucket, scratch_positions,
@@ -50,10 +51,6 @@ from quickdraft.verify import verify_batch
 
 log = logging.getLogger(__name__)
 
-# Concurrent sequences per step, the server's default too. 32, measured (BENCHMARKS.md, round 13):
-# at 32 clients 16 slots queue half of them (TTFT p50 0.19 s, 3,005 tokens/s) where 32 serve all
-# (0.05 s, 3,726 tokens/s), for 66 more MiB of bf16 KV cache on the embedded target.
-DEFAULT_MAX_BATCH = 32
 DEFAULT_PREFILL_CHUNK = 512
 # A sequence whose drafts are rejected this often stops drafting (it still advances one token a
 # step inside the batch); it tries a 1-token draft every RETRY_EVERY steps in case the text changed.

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from quickdraft.errors import ModelFormatError
+from quickdraft.errors import ModelFormatError, QuickdraftError
 
 
 def _token_text(value: Any) -> str | None:
@@ -87,3 +88,23 @@ class Tokenizer:
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
         )
+
+
+def encode_prompt(tokenizer: Tokenizer | None, vocab_limit: int, prompt: str | Sequence[int]) -> list[int]:
+    """A prompt's token ids: text through the tokenizer, ids checked against the vocabulary."""
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise QuickdraftError("this model has no tokenizer.json: pass the prompt as a list of token ids")
+        ids = tokenizer.encode(prompt)
+    else:
+        ids = [int(t) for t in prompt]
+        bad = [t for t in ids if not 0 <= t < vocab_limit]
+        if bad:
+            raise QuickdraftError(f"token id {bad[0]} is outside the vocabulary 0..{vocab_limit - 1}")
+    if not ids:
+        raise QuickdraftError("the prompt is empty: give at least one token")
+    return ids
+
+
+def decode_ids(tokenizer: Tokenizer | None, ids: list[int]) -> str:
+    return "" if tokenizer is None else tokenizer.decode(ids)

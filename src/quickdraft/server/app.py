@@ -29,7 +29,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -37,10 +37,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from quickdraft.batch.scheduler import DEFAULT_MAX_BATCH
-from quickdraft.engine import Engine, StreamEvent
+from quickdraft.batch import DEFAULT_MAX_BATCH
 from quickdraft.errors import ContextLengthError, QuickdraftError, SamplingParamsError
-from quickdraft.sampling import SamplingParams
+from quickdraft.output import StreamEvent
+from quickdraft.sampling_params import SamplingParams
 from quickdraft.server.engine_process import EngineInfo, EngineProcess, ProcessWorker, engine_info
 from quickdraft.server.metrics import Metrics
 from quickdraft.server.schemas import (
@@ -55,6 +55,9 @@ from quickdraft.server.schemas import (
     SamplingFields,
 )
 from quickdraft.server.worker import EngineWorker, GenerationJob, NotRun, QueueFull, RequestQueue
+
+if TYPE_CHECKING:  # the HTTP process of an engine process never imports the engine (nor torch)
+    from quickdraft.engine import Engine
 
 log = logging.getLogger(__name__)
 

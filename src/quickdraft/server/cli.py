@@ -7,7 +7,7 @@ import functools
 import logging
 import sys
 
-from quickdraft.batch.scheduler import DEFAULT_MAX_BATCH
+from quickdraft.batch import DEFAULT_MAX_BATCH
 from quickdraft.errors import QuickdraftError
 
 log = logging.getLogger(__name__)

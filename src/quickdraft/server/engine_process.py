@@ -33,15 +33,17 @@ import time
 from dataclasses import dataclass
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from quickdraft.engine import Engine, decode_ids, encode_prompt
 from quickdraft.errors import QuickdraftError
-from quickdraft.model.tokenizer import Tokenizer
+from quickdraft.model.tokenizer import Tokenizer, decode_ids, encode_prompt
 from quickdraft.output import StreamEvent
-from quickdraft.sampling import SamplingParams
+from quickdraft.sampling_params import SamplingParams
 from quickdraft.server.metrics import Metrics
 from quickdraft.server.worker import EngineWorker, GenerationJob, NotRun, RequestQueue
+
+if TYPE_CHECKING:  # the HTTP process of an engine process never imports the engine (nor torch)
+    from quickdraft.engine import Engine
 
 log = logging.getLogger(__name__)
 

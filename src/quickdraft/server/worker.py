@@ -15,11 +15,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from quickdraft.engine import Engine, StreamEvent
+from quickdraft.output import StreamEvent
 from quickdraft.errors import QuickdraftError
-from quickdraft.sampling import SamplingParams
+from quickdraft.sampling_params import SamplingParams
 from quickdraft.server.metrics import Metrics
+
+if TYPE_CHECKING:  # the HTTP process of an engine process never imports the engine (nor torch)
+    from quickdraft.engine import Engine
 
 log = logging.getLogger(__name__)
 
