@@ -1,7 +1,8 @@
 """Static-shape forwards, the compiled draft steps, and the dtype defaults around them.
 
 These are torch's paths (torch.compile), which run where quickdraft's CPU kernels do not: every test
-here turns the kernels off and loads its own models, so that no native forward stands in for them."""
+here turns the kernels off and uses models loaded with them off, so that no native forward stands in
+for them. The module's tests share those models, hence their compiled graphs (seconds each)."""
 
 from __future__ import annotations
 
@@ -24,10 +25,13 @@ def torch_kernels_only(monkeypatch):
     monkeypatch.setattr(kernels, "available", lambda: False)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def models(checkpoints):
-    """Fresh, unpacked models (the session's shared ones may carry native forwards by now)."""
-    return {name: load_model(path) for name, path in checkpoints.items()}
+    """Unpacked fp32 models of this module's own (the session's shared ones may carry native forwards
+    by now). Engines on the same model share its compiled graphs (``CompiledSteps.shared``)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kernels, "available", lambda: False)
+        return {name: load_model(path) for name, path in checkpoints.items()}
 
 
 @pytest.mark.parametrize("transposed_lm_head", [True, False])
@@ -58,7 +62,7 @@ def test_static_capacity_is_a_power_of_two_of_at_least_256():
 @pytest.mark.slow
 def test_compiled_drafter_keeps_greedy_output_and_its_drafts_match_the_eager_drafter(checkpoints, models):
     eager = Engine(models["target"], load_model(checkpoints["related"]), exact=False)
-    fast = Engine(models["target"], load_model(checkpoints["related"]), exact=False, compile_drafter=True)
+    fast = Engine(models["target"], models["related"], exact=False, compile_drafter=True)
     assert fast.drafter.steps.enabled
     prompt = list(range(3, 30))
     plain = eager.generate(prompt, 48, gamma=0).token_ids
@@ -135,8 +139,8 @@ def test_compiled_target_steps_keep_plain_and_speculative_greedy_output(checkpoi
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_exact_mode_on_compiled_target_steps_is_bit_identical_to_its_plain_decoding(checkpoints, dtype):
-    target = load_model(checkpoints["target"], dtype=dtype)
+def test_exact_mode_on_compiled_target_steps_is_bit_identical_to_its_plain_decoding(checkpoints, models, dtype):
+    target = models["target"] if dtype == "fp32" else load_model(checkpoints["target"], dtype=dtype)
     engine = Engine(target, load_model(checkpoints["related"]), exact=True, compile_target=True)
     prompt = list(range(5, 40))
     plain = engine.generate(prompt, 48, gamma=0)
@@ -171,8 +175,7 @@ def test_compiled_tree_steps_match_the_eager_tree_forward_and_keep_greedy_output
     target = models["target"]
     prompt = [5, 9, 2, 7, 1]
     plain = Engine(target, None, exact=False).generate(prompt, 40, gamma=0).token_ids
-    engine = Engine(target, load_model(checkpoints["related"]), exact=False, compile_target=True,
-                    compile_drafter=True, tree_nodes=6)
+    engine = Engine(target, models["related"], exact=False, compile_target=True, compile_drafter=True, tree_nodes=6)
     spec = engine.generate(prompt, 40)
     assert spec.token_ids == plain and spec.stats.tree_steps > 0
     assert engine.tree_steps and all(steps.enabled for steps in engine.tree_steps.values()), "fell back to eager"
