@@ -13,8 +13,6 @@ from quickdraft import kernels
 from quickdraft.sampling_params import GREEDY, MIN_TEMPERATURE, SAMPLING_RULES, SamplingParams  # noqa: F401 - re-exported
 
 
-
-
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """The argmax along the last dimension, its first maximum on ties: every greedy pick (the target's
     and the drafters') goes through here. torch.max's indices are argmax's, ~3x faster on bf16 rows
