@@ -1,4 +1,4 @@
-"""SamplingParams and the ONE logits -> probabilities function, used for the target's p and the
+"""The ONE logits -> probabilities function (SamplingParams, re-exported here, is in sampling_params), used for the target's p and the
 drafter's q alike (same temperature, top-k and top-p), so that rejection sampling stays exact."""
 
 from __future__ import annotations
@@ -8,8 +8,6 @@ import math
 import torch
 
 from quickdraft import kernels
-
-
 from quickdraft.sampling_params import GREEDY, MIN_TEMPERATURE, SAMPLING_RULES, SamplingParams  # noqa: F401 - re-exported
 
 
