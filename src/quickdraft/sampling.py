@@ -1,5 +1,6 @@
-"""The ONE logits -> probabilities function (SamplingParams, re-exported here, is in sampling_params), used for the target's p and the
-drafter's q alike (same temperature, top-k and top-p), so that rejection sampling stays exact."""
+"""The ONE logits -> probabilities function, used for the target's p and the drafter's q alike
+(same temperature, top-k and top-p), so that rejection sampling stays exact. SamplingParams lives in
+``sampling_params`` (no torch there) and is re-exported here."""
 
 from __future__ import annotations
 
