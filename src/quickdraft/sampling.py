@@ -9,7 +9,10 @@ import math
 import torch
 
 from quickdraft import kernels
-from quickdraft.sampling_params import GREEDY, MIN_TEMPERATURE, SAMPLING_RULES, SamplingParams  # noqa: F401 - re-exported
+from quickdraft.sampling_params import GREEDY, SamplingParams
+
+__all__ = ["GREEDY", "SamplingParams", "greedy_tokens", "grouped_probabilities", "inverse_cdf", "probabilities",
+           "sample", "top_probability"]
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
