@@ -9,8 +9,9 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from quickdraft.engine import Engine, GenerationResult, StreamEvent
+    from quickdraft.engine import Engine
     from quickdraft.errors import QuickdraftError
+    from quickdraft.output import GenerationResult, StreamEvent
     from quickdraft.sampling_params import SamplingParams
     from quickdraft.stats import GenerationStats
 

@@ -61,10 +61,16 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     flat = probs.reshape(-1, probs.shape[-1])
     if flat.dtype == torch.float32 and flat.device.type == "cpu" and kernels.available():
         out = kernels.nucleus_keep(flat, top_p, NUCLEUS_MARGIN)  # the same cut in one native call
-        return (out / out.sum(-1, keepdim=True)).reshape(probs.shape)
-    if flat.shape[-1] <= SORT_WHOLE_UP_TO:
+    elif flat.shape[-1] <= SORT_WHOLE_UP_TO:
         out = _kept_by_sorting(flat, top_p)
-        return (out / out.sum(-1, keepdim=True)).reshape(probs.shape)
+    else:
+        out = _kept_by_exponent_cut(flat, top_p)
+    return (out / out.sum(-1, keepdim=True)).reshape(probs.shape)
+
+
+def _kept_by_exponent_cut(flat: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Rows [rows, vocab] with the tokens past their nucleus zeroed, each sorting only its
+    candidates (``_nucleus`` says why that is the full sort's result)."""
     exponents = (flat.view(torch.int32) >> 23).long()  # p >= 0: its biased fp32 exponent, 0..255
     mass = torch.zeros(flat.shape[0], 256).scatter_add_(1, exponents, flat)
     enough = mass.flip(1).cumsum(1) >= top_p + 2 * NUCLEUS_MARGIN  # [:, j]: exponents >= 255 - j do
@@ -77,7 +83,7 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
             kept.scatter_(0, candidates[order], _kept_prefix(values, top_p))
         else:
             kept.copy_(_kept_by_sorting(row[None], top_p)[0])
-    return (out / out.sum(-1, keepdim=True)).reshape(probs.shape)
+    return out
 
 
 def _kept_prefix(values: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -90,7 +90,6 @@ def _library_path(compiler: str, isa_flags: tuple[str, ...]) -> Path:
 
 
 def _build(compiler: str, library: Path, isa_flags: tuple[str, ...]) -> None:
-    library.parent.mkdir(parents=True, exist_ok=True)
     print("quickdraft: building its CPU kernels (once, ~20 s)...", file=sys.stderr)
     # Build beside the target and rename: concurrent processes (test workers, replicas) never load
     # a half-written library.

@@ -1,6 +1,7 @@
 // quickdraft's CPU decode kernels: the weight products and the attention of steps of a few rows,
-// a whole Llama-family forward over them, and top-p's cut of sampled rows. Each computes a row the same way whatever the other
-// rows, the batch or the cache window: exact mode's row and batch invariance hold by construction.
+// a whole Llama-family forward over them, and top-p's cut of sampled rows. Each computes a row the
+// same way whatever the other rows, the batch or the cache window: exact mode's row and batch
+// invariance hold by construction.
 //
 // Built for one of two instruction sets, chosen by the build (kernels/__init__.py):
 // - AVX512-BF16 (Zen 4, Intel Cooper Lake and Sapphire Rapids on): 16 fp32 lanes, bf16 dot
