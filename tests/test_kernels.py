@@ -90,6 +90,23 @@ def test_attention_rows_do_not_depend_on_window_neighbours_or_slot_positions() -
     assert torch.equal(kernels.attend_bf16(q[:1, :, :1], keys2, values2, mask2), y[:1, :, :1])
 
 
+@pytest.mark.parametrize("d", [64, 28])
+def test_attention_over_a_prefix_equals_the_same_keys_scattered(d: int) -> None:
+    # A chain's rows see a run of consecutive slots (vector-at-a-time paths); a tree's nodes see the
+    # same keys with gaps between them: same bits, for every run length around the vector widths.
+    for visible in (1, 15, 16, 17, 31, 32, 33, 100):
+        q, keys, values, _ = _attention_case(1, 6, 2, 1, d, 256, seed=30 + visible)
+        mask = torch.zeros(1, 1, 256, dtype=torch.bool)
+        mask[..., :visible] = True
+        y = kernels.attend_bf16(q, keys, values, mask)
+        spread = torch.sort(torch.randperm(256, generator=torch.Generator().manual_seed(visible))[:visible]).values
+        keys2, values2 = torch.zeros_like(keys), torch.zeros_like(values)
+        keys2[:, :, spread], values2[:, :, spread] = keys[:, :, :visible], values[:, :, :visible]
+        mask2 = torch.zeros(1, 1, 256, dtype=torch.bool)
+        mask2[0, 0, spread] = True
+        assert torch.equal(kernels.attend_bf16(q, keys2, values2, mask2), y), visible
+
+
 def test_rms_norm_matches_the_module_and_rows_are_invariant() -> None:
     norm = RMSNorm(96, 1e-5).bfloat16()
     with torch.no_grad():

@@ -58,6 +58,7 @@ struct Simd {
   static V load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static V load(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(keep(n), p); }
+  static V first(V v, int64_t n) { return _mm512_maskz_mov_ps(keep(n), v); }  // lanes past n zeroed
   static void store(float* p, int64_t n, V v) { _mm512_mask_storeu_ps(p, keep(n), v); }
   static V load(const at::BFloat16* p, int64_t n) {
     return _mm512_cvtpbh_ps((__m256bh)_mm256_maskz_loadu_epi16(keep(n), p));
@@ -69,6 +70,38 @@ struct Simd {
   static float sum(V v) { return _mm512_reduce_add_ps(v); }
   static V round_nearest(V v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   static V scale2(V p, V n) { return _mm512_scalef_ps(p, n); }  // p * 2^n
+  // Column j of the kLanes x kLanes block r (lane j of every r[i]) to out + j * kLanes, for j < count:
+  // pairs of rows interleaved, then pairs of pairs, then 128-bit quarters gathered across groups of
+  // four and of eight rows.
+  static void transpose_into(const V (&r)[kLanes], float* out, int64_t count) {
+    V t[16], u[16];
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int k = 0; k < 4; ++k) {  // u[4k + c]: rows 4k..4k+3 of column 4 * quarter + c
+      const auto pd = [](V v) { return _mm512_castps_pd(v); };
+      u[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * k]), pd(t[4 * k + 2])));
+      u[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * k]), pd(t[4 * k + 2])));
+      u[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * k + 1]), pd(t[4 * k + 3])));
+      u[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * k + 1]), pd(t[4 * k + 3])));
+    }
+    for (int c = 0; c < 4; ++c) {
+      t[c] = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);
+      t[4 + c] = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
+      t[8 + c] = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+      t[12 + c] = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+    }
+    const auto put = [&](int j, V column) {
+      if (j < count) _mm512_storeu_ps(out + j * kLanes, column);
+    };
+    for (int c = 0; c < 4; ++c) {
+      put(c, _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88));
+      put(8 + c, _mm512_shuffle_f32x4(t[c], t[8 + c], 0xDD));
+      put(4 + c, _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0x88));
+      put(12 + c, _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0xDD));
+    }
+  }
 };
 #else
 struct Simd {
@@ -91,6 +124,7 @@ struct Simd {
   static V load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static V load(const float* p, int64_t n) { return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, keep(n)); }
+  static V first(V v, int64_t n) { return _mm256_and_ps(v, _mm256_castsi256_ps(keep(n))); }  // lanes past n zeroed
   static void store(float* p, int64_t n, V v) {
     if (n >= 8) _mm256_storeu_ps(p, v);
     else _mm256_maskstore_ps(p, keep(n), v);
@@ -134,6 +168,23 @@ struct Simd {
   static V scale2(V p, V n) {  // p * 2^n for integral n in [-126, 127]: the exponent built directly
     const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
+  }
+  static void transpose_into(const V (&r)[kLanes], float* out, int64_t count) {  // column j to out + j * kLanes, j < count
+    V t[8], u[8];
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int k = 0; k < 2; ++k) {
+      u[4 * k] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
+      u[4 * k + 1] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0xEE);
+      u[4 * k + 2] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
+      u[4 * k + 3] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; ++c) {
+      if (c < count) _mm256_storeu_ps(out + c * kLanes, _mm256_permute2f128_ps(u[c], u[4 + c], 0x20));
+      if (4 + c < count) _mm256_storeu_ps(out + (4 + c) * kLanes, _mm256_permute2f128_ps(u[c], u[4 + c], 0x31));
+    }
   }
 };
 #endif
@@ -403,11 +454,11 @@ inline void check_packed_for(const float*, const at::Tensor& packed, int64_t k, 
 
 // ---- attention ------------------------------------------------------------------------------
 // Each query row attends over the cache slots its mask marks. A row's result is a function of
-// the ordered list of its visible (key, value) pairs only: scores are separate dot products, the
-// softmax denominator is a sequential sum and the weighted values are accumulated slot after slot.
-// So it does not depend on the window, on where the visible slots sit (a token tree's scattered
-// ancestors get the bits of the same tokens fed as a chain) or on other rows. Masked slots cost a
-// byte read.
+// the ordered list of its visible (key, value) pairs only: each score is its own chain of
+// multiply-adds, the softmax denominator is summed in list order a vector at a time and then
+// reduced in one fixed order, and the weighted values are accumulated slot after slot in list
+// order. So it does not depend on the window, on where the visible slots sit (a token tree's
+// scattered ancestors get the bits of the same tokens fed as a chain) or on other rows.
 
 // e^x, x clamped to [-87, 88]: Cody-Waite range reduction and a degree-6 polynomial, ~1 ulp in fp32.
 inline V exp_clamped(V x) {
@@ -446,25 +497,19 @@ struct AttentionLayout {
   int64_t q_row, out_row, k0, k1, v0, v1, mask_batches;
 };
 
-// The keys or values of one head over the window's slots [0, c) in fp32: the cache itself when it
-// is fp32, else widened once here (exactly) for all the rows that read them.
-template <typename T>
-const float* widened_head(const T* head, int64_t c, int64_t d, std::vector<float>& buffer) {
-  if constexpr (std::is_same_v<T, float>) {
-    return head;
-  } else {
-    buffer.resize(c * d);
-    for (int64_t i = 0; i < c * d; i += kLanes) Simd::store(&buffer[i], c * d - i, Simd::load(head + i, c * d - i));
-    return buffer.data();
-  }
-}
-
-// The slots in [first, end) that a row's mask marks, in slot order, into list; their count.
-inline int64_t visible_slots(const bool* row_mask, int64_t first, int64_t end, int32_t* list) {
-  int64_t n = 0, s = first;
+// The slots in [0, end) that a row's mask marks, in slot order, into list; their count.
+inline int64_t visible_slots(const bool* row_mask, int64_t end, int32_t* list) {
+  int64_t n = 0, s = 0;
   for (; s + 32 <= end; s += 32) {
     const __m256i marks = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row_mask + s));
     auto bits = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpgt_epi8(marks, _mm256_setzero_si256())));
+    if (bits == 0xFFFFFFFFu) {  // the common case, a run of the prefix: 32 slots in a row
+      const __m256i first = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(s)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+      for (int64_t i = 0; i < 4; ++i)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(list + n + 8 * i), _mm256_add_epi32(first, _mm256_set1_epi32(8 * i)));
+      n += 32;
+      continue;
+    }
     for (; bits; bits &= bits - 1) list[n++] = static_cast<int32_t>(s + __builtin_ctz(bits));
   }
   for (; s < end; ++s)
@@ -472,143 +517,206 @@ inline int64_t visible_slots(const bool* row_mask, int64_t first, int64_t end, i
   return n;
 }
 
-constexpr int64_t kSlotBlock = 64;  // slots whose widened keys (or values) stay in L1 while every row reads them
+// The last slot in [from, end) that a row's mask marks, or from - 1.
+inline int64_t last_visible(const bool* row_mask, int64_t from, int64_t end) {
+  int64_t s = end;
+  for (; s - 32 >= from; s -= 32) {
+    const __m256i marks = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row_mask + s - 32));
+    const auto bits = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpgt_epi8(marks, _mm256_setzero_si256())));
+    if (bits) return s - 32 + 31 - __builtin_clz(bits);
+  }
+  for (--s; s >= from; --s)
+    if (row_mask[s]) return s;
+  return from - 1;
+}
 
-// Every query row that shares one key/value head (the step's rows x the group's query heads), over
-// the head's keys and values widened once for them all, a block of slots at a time so that those
-// stay in L1 while each row reads them. A row's score for a slot is its own dot product (lanes
-// multiplied chunk after chunk, then one fixed reduction), its softmax denominator a sequential
-// sum, its weighted values accumulated slot after slot in slot order (across blocks too): the same
-// instructions on the same data whatever the other rows, the window or where its visible slots sit.
+// One head's keys over slots [0, span) in fp32, transposed by blocks of kLanes slots: lane i of
+// kt[(block * d + e) * kLanes] is element e of slot block * kLanes + i (zero past span). A row then
+// scores kLanes slots at once, each slot's score the multiply-adds of its own elements in order.
+template <typename T>
+void transposed_keys(const T* keys, int64_t span, int64_t d, float* kt) {
+  const int64_t blocks = (span + kLanes - 1) / kLanes;
+  V r[kLanes];
+  for (int64_t block = 0; block < blocks; ++block)
+    for (int64_t e = 0; e < d; e += kLanes) {
+      for (int64_t i = 0; i < kLanes; ++i) {
+        const int64_t s = block * kLanes + i;
+        r[i] = s < span ? Simd::load(keys + s * d + e, d - e) : Simd::zero();
+      }
+      Simd::transpose_into(r, kt + (block * d + e) * kLanes, std::min(kLanes, d - e));
+    }
+}
+
+// Scores of Heads query rows (fp32, scaled; the query heads of one step row) against Blocks slot
+// blocks of kt from block first, into score[h][slot]: Heads x Blocks independent chains of
+// multiply-adds over the elements in order, sharing each key load.
+template <int Heads, int Blocks>
+void score_blocks(const float* const* query, const float* kt, int64_t d, int64_t first, float* const* score) {
+  const float* k = kt + first * d * kLanes;
+  const int64_t next = d * kLanes;
+  V acc[Heads][Blocks];
+  for (int h = 0; h < Heads; ++h) {
+    const V q = Simd::set1(query[h][0]);
+    for (int j = 0; j < Blocks; ++j) acc[h][j] = Simd::mul(q, Simd::load(k + j * next));
+  }
+  for (int64_t e = 1; e < d; ++e) {
+    V ks[Blocks];
+    for (int j = 0; j < Blocks; ++j) ks[j] = Simd::load(k + j * next + e * kLanes);
+    for (int h = 0; h < Heads; ++h) {
+      const V q = Simd::set1(query[h][e]);
+      for (int j = 0; j < Blocks; ++j) acc[h][j] = Simd::fmadd(q, ks[j], acc[h][j]);
+    }
+  }
+  for (int h = 0; h < Heads; ++h)
+    for (int j = 0; j < Blocks; ++j) Simd::store(score[h] + (first + j) * kLanes, acc[h][j]);
+}
+
+// Heads sharing a pass over the keys (or values): as many as keep every accumulator in a register.
+constexpr int kHeadsAtOnce = kLanes == 16 ? 3 : 2;
+using ScoreBlocks = void (*)(const float* const*, const float*, int64_t, int64_t, float* const*);
+template <int Heads>
+constexpr ScoreBlocks kScoreBlocksFor[4] = {score_blocks<Heads, 1>, score_blocks<Heads, 2>, score_blocks<Heads, 3>,
+                                            score_blocks<Heads, 4>};
+constexpr const ScoreBlocks* kScoreBlocks[3] = {kScoreBlocksFor<1>, kScoreBlocksFor<2>, kScoreBlocksFor<3>};
+
+// sums[h] (chunks of kLanes from chunk e0) += the weighted values of the listed slots, slot after
+// slot in list order, for Heads heads sharing the list (the query heads of one step row), Chunks
+// chunks of lanes at a time.
+template <int Heads, int Chunks>
+void weigh_values(const float* const* weights, const int32_t* list, int64_t n, const float* vf, int64_t stride,
+                  int64_t e0, float* const* sums) {
+  V acc[Heads][Chunks];
+  for (int h = 0; h < Heads; ++h)
+    for (int c = 0; c < Chunks; ++c) acc[h][c] = Simd::load(sums[h] + e0 + c * kLanes);
+  for (int64_t j = 0; j < n; ++j) {
+    const float* v = vf + list[j] * stride + e0;
+    V vs[Chunks];
+    for (int c = 0; c < Chunks; ++c) vs[c] = Simd::load(v + c * kLanes);
+    for (int h = 0; h < Heads; ++h) {
+      const V w = Simd::set1(weights[h][j]);
+      for (int c = 0; c < Chunks; ++c) acc[h][c] = Simd::fmadd(w, vs[c], acc[h][c]);
+    }
+  }
+  for (int h = 0; h < Heads; ++h)
+    for (int c = 0; c < Chunks; ++c) Simd::store(sums[h] + e0 + c * kLanes, acc[h][c]);
+}
+
+using WeighValues = void (*)(const float* const*, const int32_t*, int64_t, const float*, int64_t, int64_t,
+                             float* const*);
+template <int Heads>
+constexpr WeighValues kWeighValuesFor[4] = {weigh_values<Heads, 1>, weigh_values<Heads, 2>, weigh_values<Heads, 3>,
+                                            weigh_values<Heads, 4>};
+constexpr const WeighValues* kWeighValues[3] = {kWeighValuesFor<1>, kWeighValuesFor<2>, kWeighValuesFor<3>};
+
+// Every query row that shares one key/value head: the step's rows x the group's query heads. The
+// head's keys are widened and transposed once for them all, its values widened once; then each step
+// row lists its visible slots once for its query heads, which score every slot block up to its last
+// visible slot, keep the listed slots' scores in list order, and take their softmax: the maximum,
+// e^(s - max) lane by lane, the denominator summed kLanes lanes at a time in list order and then
+// reduced in one fixed order. The weighted values are accumulated slot after slot in list order.
+// So a row's bits are a function of its query and the ordered list of its visible (key, value)
+// pairs: the same whatever the other rows, the window or where its visible slots sit.
 template <typename T>
 void attend_group(const AttentionLayout& a, int64_t b, int64_t kv, const T* q, const T* keys,
                   const T* values, const bool* mask, T* out) {
-  const int64_t group = a.n_head / a.n_kv, rows = a.t * group, c = a.c, d = a.d;
+  const int64_t group = a.n_head / a.n_kv, c = a.c, d = a.d;
   const int64_t chunks = (d + kLanes - 1) / kLanes, stride = chunks * kLanes;  // widened rows padded to whole chunks
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   // Per thread, reused from call to call: a window's widened keys and values are ~100 KB, which
   // malloc would map and unmap (and fault in) every time.
-  thread_local std::vector<float> key_buffer, value_buffer, padded_keys, padded_values, queries, scores, sums;
-  thread_local std::vector<int64_t> count;
+  thread_local std::vector<float> key_buffer, value_buffer, queries, scores, weights, sums, inverse;
+  thread_local std::vector<int32_t> list_buffer;
+  thread_local std::vector<const float*> head_weights, head_queries;
+  thread_local std::vector<float*> head_sums, head_scores;
   const bool* group_mask = mask + (a.mask_batches == 1 ? 0 : b) * a.t * c;
   int64_t span = 0;  // the slots [0, span) that any row sees
-  for (int64_t i = 0; i < a.t; ++i)
-    for (int64_t s = c - 1; s >= span; --s)
-      if (group_mask[i * c + s]) {
-        span = s + 1;
-        break;
-      }
-  const float* kf = widened_head(keys + b * a.k0 + kv * a.k1, span, d, key_buffer);
-  const float* vf = widened_head(values + b * a.v0 + kv * a.v1, span, d, value_buffer);
-  // Slot s's vector at s * d: a head size that is not a whole number of chunks reads past it, so
-  // those are copied to whole chunks first (zeros in the tail lanes, as the masked loads gave).
-  if (d != stride) {
-    padded_keys.assign(span * stride, 0.0f);
-    padded_values.assign(span * stride, 0.0f);
-    for (int64_t s = 0; s < span; ++s) {
-      std::copy(kf + s * d, kf + (s + 1) * d, &padded_keys[s * stride]);
-      std::copy(vf + s * d, vf + (s + 1) * d, &padded_values[s * stride]);
+  for (int64_t i = 0; i < a.t; ++i) span = std::max(span, last_visible(group_mask + i * c, span, c) + 1);
+  const int64_t blocks = (span + kLanes - 1) / kLanes;
+  key_buffer.resize(std::max<int64_t>(blocks * d * kLanes, 1));
+  float* kt = key_buffer.data();
+  transposed_keys(keys + b * a.k0 + kv * a.k1, span, d, kt);
+  const float* vf;
+  if (std::is_same_v<T, float> && d == stride) {
+    vf = reinterpret_cast<const float*>(values + b * a.v0 + kv * a.v1);
+  } else {
+    value_buffer.resize(std::max<int64_t>(span * stride, 1));
+    const T* head = values + b * a.v0 + kv * a.v1;
+    float* widened = value_buffer.data();
+    for (int64_t s = 0; s < span; ++s)
+      for (int64_t e = 0; e < d; e += kLanes) Simd::store(widened + s * stride + e, Simd::load(head + s * d + e, d - e));
+    vf = widened;
+  }
+  queries.resize(group * d);
+  scores.resize(group * blocks * kLanes + 1);
+  weights.resize(group * (span + kLanes));
+  sums.resize(group * stride);
+  list_buffer.resize(span + 1);
+  int32_t* list = list_buffer.data();
+  head_weights.resize(group);
+  head_queries.resize(group);
+  head_sums.resize(group);
+  head_scores.resize(group);
+  inverse.resize(group);
+  for (int64_t i = 0; i < a.t; ++i) {
+    const int64_t n = visible_slots(group_mask + i * c, span, list);
+    const int64_t row_blocks = n ? list[n - 1] / kLanes + 1 : 0;
+    for (int64_t h = 0; h < group; ++h) {
+      const T* qrow = q + (b * a.t + i) * a.q_row + (kv * group + h) * d;
+      float* query = &queries[h * d];
+      for (int64_t e = 0; e < d; e += kLanes)
+        Simd::store(query + e, d - e, Simd::mul(Simd::load(qrow + e, d - e), Simd::set1(scale)));
+      head_queries[h] = query;
+      head_scores[h] = &scores[h * blocks * kLanes];
     }
-    kf = padded_keys.data();
-    vf = padded_values.data();
-  }
-  const int64_t score_row = span + kLanes;
-  queries.resize(rows * stride);
-  scores.resize(rows * score_row);
-  sums.assign(rows * stride, 0.0f);
-  count.assign(rows, 0);
-  const auto row_mask = [&](int64_t r) { return group_mask + (r / group) * c; };
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* qrow = q + (b * a.t + r / group) * a.q_row + (kv * group + r % group) * d;
-    for (int64_t e = 0; e < chunks; ++e)
-      Simd::store(&queries[r * stride + e * kLanes],
-                  Simd::mul(Simd::load(qrow + kLanes * e, d - kLanes * e), Simd::set1(scale)));
-  }
-  int32_t list[kSlotBlock];
-  for (int64_t first = 0; first < span; first += kSlotBlock) {  // scores
-    const int64_t end = std::min(span, first + kSlotBlock);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t n = visible_slots(row_mask(r), first, end, list);
-      const float* query = &queries[r * stride];
-      float* score = &scores[r * score_row + count[r]];
-      count[r] += n;
-      int64_t j = 0;
-      for (; j + 4 <= n; j += 4) {  // four slots at a time: independent chains
-        const float* k0 = kf + list[j] * stride;
-        const float* k1 = kf + list[j + 1] * stride;
-        const float* k2 = kf + list[j + 2] * stride;
-        const float* k3 = kf + list[j + 3] * stride;
-        const V q0 = Simd::load(query);
-        V d0 = Simd::mul(q0, Simd::load(k0)), d1 = Simd::mul(q0, Simd::load(k1));
-        V d2 = Simd::mul(q0, Simd::load(k2)), d3 = Simd::mul(q0, Simd::load(k3));
-        for (int64_t e = 1; e < chunks; ++e) {
-          const V qe = Simd::load(query + e * kLanes);
-          d0 = Simd::fmadd(qe, Simd::load(k0 + e * kLanes), d0);
-          d1 = Simd::fmadd(qe, Simd::load(k1 + e * kLanes), d1);
-          d2 = Simd::fmadd(qe, Simd::load(k2 + e * kLanes), d2);
-          d3 = Simd::fmadd(qe, Simd::load(k3 + e * kLanes), d3);
+    for (int64_t h = 0; h < group; h += kHeadsAtOnce) {
+      const int64_t heads = std::min<int64_t>(kHeadsAtOnce, group - h);
+      for (int64_t block = 0; block < row_blocks; block += 4)
+        kScoreBlocks[heads - 1][std::min<int64_t>(4, row_blocks - block) - 1](&head_queries[h], kt, d, block,
+                                                                                &head_scores[h]);
+    }
+    for (int64_t h = 0; h < group; ++h) {
+      const float* score = head_scores[h];
+      float* w = &weights[h * (span + kLanes)];
+      for (int64_t j = 0; j < n;) {  // runs of consecutive slots (the prefix) copied a vector at a time
+        if (j + kLanes <= n && list[j + kLanes - 1] - list[j] == kLanes - 1) {
+          Simd::store(w + j, Simd::load(score + list[j]));
+          j += kLanes;
+        } else {
+          w[j] = score[list[j]];
+          ++j;
         }
-        score[j] = Simd::sum(d0);
-        score[j + 1] = Simd::sum(d1);
-        score[j + 2] = Simd::sum(d2);
-        score[j + 3] = Simd::sum(d3);
       }
-      for (; j < n; ++j) {
-        const float* k0 = kf + list[j] * stride;
-        V d0 = Simd::mul(Simd::load(query), Simd::load(k0));
-        for (int64_t e = 1; e < chunks; ++e) d0 = Simd::fmadd(Simd::load(query + e * kLanes), Simd::load(k0 + e * kLanes), d0);
-        score[j] = Simd::sum(d0);
+      std::fill(w + n, w + n + kLanes, -INFINITY);  // the last chunk's tail lanes, for the maximum
+      V top_v = Simd::set1(-INFINITY);
+      for (int64_t j = 0; j < n; j += kLanes) top_v = Simd::max(top_v, Simd::load(w + j));
+      alignas(64) float lanes[kLanes];
+      Simd::store(lanes, top_v);
+      float top = -INFINITY;
+      for (int64_t l = 0; l < kLanes; ++l) top = std::max(top, lanes[l]);
+      top_v = Simd::set1(top);
+      V total = Simd::zero();
+      for (int64_t j = 0; j < n; j += kLanes) {
+        const V p = exp_clamped(Simd::sub(Simd::load(w + j, n - j), top_v));
+        Simd::store(w + j, n - j, p);
+        total = Simd::add(total, Simd::first(p, n - j));  // the tail's lanes stay zero
+      }
+      inverse[h] = n ? 1.0f / Simd::sum(total) : 0.0f;
+      head_weights[h] = w;
+      head_sums[h] = &sums[h * stride];
+      std::fill(head_sums[h], head_sums[h] + stride, 0.0f);
+    }
+    for (int64_t h = 0; h < group; h += kHeadsAtOnce) {
+      const int64_t heads = std::min<int64_t>(kHeadsAtOnce, group - h);
+      for (int64_t e = 0; e < chunks; e += 4) {
+        const int64_t these = std::min<int64_t>(4, chunks - e);
+        kWeighValues[heads - 1][these - 1](&head_weights[h], list, n, vf, stride, e * kLanes, &head_sums[h]);
       }
     }
-  }
-  for (int64_t r = 0; r < rows; ++r) {  // softmax weights in place; the denominator summed in slot order
-    const int64_t n = count[r];
-    float* score = &scores[r * score_row];
-    float top = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) top = std::max(top, score[j]);
-    const V top_v = Simd::set1(top);
-    for (int64_t j = 0; j < n; j += kLanes) Simd::store(score + j, n - j, exp_clamped(Simd::sub(Simd::load(score + j, n - j), top_v)));
-    float total = 0.0f;
-    for (int64_t j = 0; j < n; ++j) total += score[j];
-    const float inverse = n ? 1.0f / total : 0.0f;
-    score[n] = inverse;  // kept beside the weights until the output is scaled
-    count[r] = 0;
-  }
-  for (int64_t first = 0; first < span; first += kSlotBlock) {  // weighted values, slot after slot
-    const int64_t end = std::min(span, first + kSlotBlock);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t n = visible_slots(row_mask(r), first, end, list);
-      const float* weight = &scores[r * score_row + count[r]];
-      count[r] += n;
-      float* sum = &sums[r * stride];
-      int64_t e = 0;
-      for (; e + 4 <= chunks; e += 4) {  // four chunks of lanes at a time, their sums in registers
-        V a0 = Simd::load(sum + e * kLanes), a1 = Simd::load(sum + (e + 1) * kLanes);
-        V a2 = Simd::load(sum + (e + 2) * kLanes), a3 = Simd::load(sum + (e + 3) * kLanes);
-        for (int64_t j = 0; j < n; ++j) {
-          const V w = Simd::set1(weight[j]);
-          const float* vs = vf + list[j] * stride + e * kLanes;
-          a0 = Simd::fmadd(w, Simd::load(vs), a0);
-          a1 = Simd::fmadd(w, Simd::load(vs + kLanes), a1);
-          a2 = Simd::fmadd(w, Simd::load(vs + 2 * kLanes), a2);
-          a3 = Simd::fmadd(w, Simd::load(vs + 3 * kLanes), a3);
-        }
-        Simd::store(sum + e * kLanes, a0);
-        Simd::store(sum + (e + 1) * kLanes, a1);
-        Simd::store(sum + (e + 2) * kLanes, a2);
-        Simd::store(sum + (e + 3) * kLanes, a3);
-      }
-      for (; e < chunks; ++e) {
-        V a0 = Simd::load(sum + e * kLanes);
-        for (int64_t j = 0; j < n; ++j) a0 = Simd::fmadd(Simd::set1(weight[j]), Simd::load(vf + list[j] * stride + e * kLanes), a0);
-        Simd::store(sum + e * kLanes, a0);
-      }
+    for (int64_t h = 0; h < group; ++h) {
+      T* o = out + (b * a.t + i) * a.out_row + (kv * group + h) * d;
+      const V inv = Simd::set1(inverse[h]);
+      for (int64_t e = 0; e < d; e += kLanes) Simd::store(o + e, d - e, Simd::mul(Simd::load(&sums[h * stride + e]), inv));
     }
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    T* o = out + (b * a.t + r / group) * a.out_row + (kv * group + r % group) * d;
-    const V inv = Simd::set1(scores[r * score_row + count[r]]);
-    for (int64_t e = 0; e < chunks; ++e) Simd::store(o + kLanes * e, d - kLanes * e, Simd::mul(Simd::load(&sums[r * stride + e * kLanes]), inv));
   }
 }
 
