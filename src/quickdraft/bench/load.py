@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quickdraft.batch import DEFAULT_MAX_BATCH
+
 TEXT_PROMPTS = [
     'def read_config(path):\n    """Read a JSON configuration file and return it as a dict."""\n',
     "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
@@ -590,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain-timeout", type=float, default=240.0,
                         help="seconds the requests running at the end may take to finish")
     parser.add_argument("--json", help="also write the report as JSON to this path")
-    parser.add_argument("--max-batch", type=int, help="the server's --max-batch (default: its own, 16)")
+    parser.add_argument("--max-batch", type=int, help=f"the server's --max-batch (default: its own, {DEFAULT_MAX_BATCH})")
     parser.add_argument("--gamma", help="gamma sent with every request (0 = plain decoding; default: the server's)")
     parser.add_argument("--threads", type=int, help="the server's torch threads")
     parser.add_argument("--sweep", help="concurrency levels, e.g. 1,4,8,16,32: every configuration at each")
