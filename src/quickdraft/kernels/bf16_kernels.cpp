@@ -635,15 +635,17 @@ void attend_group(const AttentionLayout& a, int64_t b, int64_t kv, const T* q, c
   key_buffer.resize(std::max<int64_t>(blocks * d * kLanes, 1));
   float* kt = key_buffer.data();
   transposed_keys(keys + b * a.k0 + kv * a.k1, span, d, kt);
-  const float* vf;
-  if (std::is_same_v<T, float> && d == stride) {
-    vf = reinterpret_cast<const float*>(values + b * a.v0 + kv * a.v1);
-  } else {
+  const T* head_values = values + b * a.v0 + kv * a.v1;
+  const float* vf = nullptr;
+  if constexpr (std::is_same_v<T, float>) {
+    if (d == stride) vf = head_values;  // fp32 rows of whole chunks: read in place
+  }
+  if (vf == nullptr) {  // widened once, each row padded to whole chunks with zeros
     value_buffer.resize(std::max<int64_t>(span * stride, 1));
-    const T* head = values + b * a.v0 + kv * a.v1;
     float* widened = value_buffer.data();
     for (int64_t s = 0; s < span; ++s)
-      for (int64_t e = 0; e < d; e += kLanes) Simd::store(widened + s * stride + e, Simd::load(head + s * d + e, d - e));
+      for (int64_t e = 0; e < d; e += kLanes)
+        Simd::store(widened + s * stride + e, Simd::load(head_values + s * d + e, d - e));
     vf = widened;
   }
   queries.resize(group * d);
