@@ -39,7 +39,7 @@ from quickdraft.batch import DEFAULT_MAX_BATCH
 from quickdraft.batch.drafters import BatchDrafter, DraftRequest, batch_drafter
 from quickdraft.batch.prefill import PrefillChunk, grouping, prefill
 from quickdraft.batch.shapes import (MIN_WINDOW, all_shapes, invariant_shapes, row_bucket, scratch_positions,
-                                     slot_bucket, window_bucket)
+                                     scratch_row, slot_bucket, window_bucket)
 from quickdraft.drafters.base import Draft
 from quickdraft.engine import Engine, GammaController
 from quickdraft.errors import QuickdraftError
@@ -339,13 +339,13 @@ class BatchScheduler:
         shape = self._shape(1 + max(len(d.tokens) for d in drafts), max(len(r.tokens) + len(d.tokens)
                                                                         for r, d in zip(ready, drafts)))
         n_slots, rows, window = shape
-        tokens = torch.zeros(n_slots, rows, dtype=torch.long)
-        positions = scratch_positions(self.capacity, rows, n_slots)
         # One tensor from Python lists per field: per-slot writes cost more than a small model's step.
-        index = torch.tensor([r.slot for r in ready])
-        tokens[index] = torch.tensor([[r.tokens[-1], *d.tokens] + [0] * (rows - 1 - len(d.tokens))
-                                      for r, d in zip(ready, drafts)])
-        positions[index] = torch.tensor([list(range(len(r.tokens) - 1, len(r.tokens) - 1 + rows)) for r in ready])
+        # Idle slots feed token 0 at the scratch positions (shapes.scratch_positions).
+        token_rows, position_rows = [[0] * rows] * n_slots, [scratch_row(self.capacity, rows)] * n_slots
+        for r, d in zip(ready, drafts):
+            token_rows[r.slot] = [r.tokens[-1], *d.tokens] + [0] * (rows - 1 - len(d.tokens))
+            position_rows[r.slot] = list(range(len(r.tokens) - 1, len(r.tokens) - 1 + rows))
+        tokens, positions = torch.tensor(token_rows), torch.tensor(position_rows)
         t0 = time.perf_counter()
         logits = self.model.forward_batched(tokens, positions, self.cache.first(n_slots), window=window)
         target_seconds = time.perf_counter() - t0

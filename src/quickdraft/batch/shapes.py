@@ -60,9 +60,14 @@ def scratch_positions(capacity: int, rows: int, n_slots: int) -> torch.Tensor:
     return _scratch_template(capacity, rows, n_slots).clone()
 
 
+def scratch_row(capacity: int, rows: int) -> list[int]:
+    """One slot's row of ``scratch_positions``, as a list (for steps that build their tensors from lists)."""
+    return list(range(capacity - rows, capacity))
+
+
 @functools.lru_cache(maxsize=256)
 def _scratch_template(capacity: int, rows: int, n_slots: int) -> torch.Tensor:
-    return torch.arange(capacity - rows, capacity).repeat(n_slots, 1)
+    return torch.tensor([scratch_row(capacity, rows)] * n_slots)
 
 
 def all_shapes(max_batch: int, max_rows: int) -> list[tuple[int, int]]:

@@ -62,9 +62,14 @@ class KVCache:
         return self._view(slice(b, b + 1))
 
     def _view(self, entries: slice) -> KVCache:
+        # The layers' views per slice, made once: a batched step asks for one every step, and 2 x
+        # n_layer tensor slices cost more than a small model's step spends in Python elsewhere.
+        views = self.__dict__.setdefault("_views", {})
+        key = (entries.start, entries.stop)
+        if key not in views:
+            views[key] = ([k[entries] for k in self.keys], [v[entries] for v in self.values])
         view = KVCache.__new__(KVCache)
-        view.keys = [k[entries] for k in self.keys]
-        view.values = [v[entries] for v in self.values]
+        view.keys, view.values = views[key]
         view.capacity, view.length = self.capacity, 0
         return view
 

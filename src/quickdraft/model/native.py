@@ -79,6 +79,8 @@ class NativeForward:
         model._rope(torch.zeros(1, dtype=torch.long, device=model.device), positions_end)
         assert model._rope_table is not None
         cos, signed_sin = model._rope_table
+        if cache.batch == batch:
+            return cos, signed_sin, cache.keys, cache.values
         return cos, signed_sin, [k[:batch] for k in cache.keys], [v[:batch] for v in cache.values]
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
