@@ -52,3 +52,16 @@ def test_forward_past_capacity_is_refused(models):
     cache = model.new_cache(8)
     with pytest.raises(ValueError, match="exceed the KV cache capacity"):
         model(torch.zeros(1, 9, dtype=torch.long), 0, cache)
+
+
+def test_entry_views_share_the_cache_and_keep_their_own_length():
+    cache = KVCache(2, 1, 4, 8, batch=3)
+    first_two, again = cache.first(2), cache.first(2)
+    assert first_two is not again and first_two.keys[0].shape == (2, 1, 8, 4)
+    first_two.keys[1][1, 0, 5] = 7.0  # written through a view: in the cache, and in every view of it
+    assert cache.keys[1][1, 0, 5, 0] == 7.0 and again.keys[1][1, 0, 5, 0] == 7.0
+    assert cache.entry(1).keys[1][0, 0, 5, 0] == 7.0 and cache.entries(2, 3).keys[1][0, 0, 5, 0] == 0.0
+    first_two.set_length(3)
+    assert again.length == 0 and cache.length == 0
+    cache.move_entry(1, 2)  # compaction of a batch copies the storage the views read
+    assert cache.entries(2, 3).keys[1][0, 0, 5, 0] == 7.0

@@ -26,6 +26,9 @@ class KVCache:
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
         self.capacity = capacity
         self.length = 0  # committed tokens; slots [0, length) are valid
+        # The layers' views per batch-entry slice, made once (_view): a batched step asks for one
+        # every step, and 2 x n_layer tensor slices cost more than the rest of its Python.
+        self._views: dict[tuple[int, int], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
 
     @property
     def nbytes(self) -> int:
@@ -62,15 +65,12 @@ class KVCache:
         return self._view(slice(b, b + 1))
 
     def _view(self, entries: slice) -> KVCache:
-        # The layers' views per slice, made once: a batched step asks for one every step, and 2 x
-        # n_layer tensor slices cost more than a small model's step spends in Python elsewhere.
-        views = self.__dict__.setdefault("_views", {})
         key = (entries.start, entries.stop)
-        if key not in views:
-            views[key] = ([k[entries] for k in self.keys], [v[entries] for v in self.values])
+        if key not in self._views:
+            self._views[key] = ([k[entries] for k in self.keys], [v[entries] for v in self.values])
         view = KVCache.__new__(KVCache)
-        view.keys, view.values = views[key]
-        view.capacity, view.length = self.capacity, 0
+        view.keys, view.values = self._views[key]
+        view.capacity, view.length, view._views = self.capacity, 0, {}
         return view
 
     def move_entry(self, source: int, destination: int) -> None:
