@@ -18,7 +18,7 @@ from quickdraft.drafters.draft_model import DraftModelDrafter, catch_up, draft_n
 from quickdraft.drafters.early_exit import EarlyExitDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.batch.prefill import PrefillChunk, grouping, prefill
-from quickdraft.batch.shapes import scratch_positions, window_bucket
+from quickdraft.batch.shapes import step_inputs, window_bucket
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.compiled import CompiledSteps
 from quickdraft.model.kv_cache import KVCache
@@ -76,15 +76,10 @@ class _ModelDrafter(BatchDrafter):
         drafts = {r.slot: Draft([], None) for r in requests}
         if not active:
             return [drafts[r.slot] for r in requests]
-        # Tensors are built from Python lists in one call each: per-slot writes cost more than the
-        # forward of a small drafter at a few hundred slots.
         first = [self._first_rows(r) for r in active]
         width = max(len(rows) for rows, _ in first)
         index = torch.tensor([r.slot for r in active])
-        tokens = torch.zeros(n_slots, width, dtype=torch.long)
-        positions = scratch_positions(self.capacity, width, n_slots)
-        tokens[index] = torch.tensor([rows + [0] * (width - len(rows)) for rows, _ in first])
-        positions[index] = torch.tensor([list(range(start, start + width)) for _, start in first])
+        tokens, positions = step_inputs(self.capacity, n_slots, width, dict(zip((r.slot for r in active), first)))
         needed = max(start + len(rows) for rows, start in first)
         logits = self._forward(tokens, positions, n_slots, window_bucket(needed, self.capacity))
         last_rows = torch.tensor([len(rows) - 1 for rows, _ in first])
@@ -118,10 +113,8 @@ class _ModelDrafter(BatchDrafter):
                 break
             fed = [slot for slot, _ in feeding]
             index = torch.tensor(fed)
-            tokens = torch.zeros(n_slots, 1, dtype=torch.long)
-            positions = scratch_positions(self.capacity, 1, n_slots)
-            tokens[index, 0] = torch.tensor([token for _, token in feeding])
-            positions[index, 0] = torch.tensor([next_position[slot] for slot in fed])
+            tokens, positions = step_inputs(self.capacity, n_slots, 1,
+                                            {slot: ([token], next_position[slot]) for slot, token in feeding})
             for slot in fed:
                 next_position[slot] += 1
             needed = max(next_position[slot] for slot in fed)

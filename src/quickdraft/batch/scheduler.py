@@ -38,8 +38,8 @@ import torch
 from quickdraft.batch import DEFAULT_MAX_BATCH
 from quickdraft.batch.drafters import BatchDrafter, DraftRequest, batch_drafter
 from quickdraft.batch.prefill import PrefillChunk, grouping, prefill
-from quickdraft.batch.shapes import (MIN_WINDOW, all_shapes, invariant_shapes, row_bucket, scratch_positions,
-                                     scratch_row, slot_bucket, window_bucket)
+from quickdraft.batch.shapes import (MIN_WINDOW, all_shapes, invariant_shapes, row_bucket, slot_bucket, step_inputs,
+                                     window_bucket)
 from quickdraft.drafters.base import Draft
 from quickdraft.engine import Engine, GammaController
 from quickdraft.errors import QuickdraftError
@@ -296,8 +296,7 @@ class BatchScheduler:
         n_slots, rows, _ = shape
         key = (n_slots, rows)
         if key not in self._target_cost:
-            tokens = torch.zeros(n_slots, rows, dtype=torch.long)
-            positions = scratch_positions(self.capacity, rows, n_slots)
+            tokens, positions = step_inputs(self.capacity, n_slots, rows, {})
             timings = []
             for _ in range(2):
                 t0 = time.perf_counter()
@@ -339,13 +338,8 @@ class BatchScheduler:
         shape = self._shape(1 + max(len(d.tokens) for d in drafts), max(len(r.tokens) + len(d.tokens)
                                                                         for r, d in zip(ready, drafts)))
         n_slots, rows, window = shape
-        # One tensor from Python lists per field: per-slot writes cost more than a small model's step.
-        # Idle slots feed token 0 at the scratch positions (shapes.scratch_positions).
-        token_rows, position_rows = [[0] * rows] * n_slots, [scratch_row(self.capacity, rows)] * n_slots
-        for r, d in zip(ready, drafts):
-            token_rows[r.slot] = [r.tokens[-1], *d.tokens] + [0] * (rows - 1 - len(d.tokens))
-            position_rows[r.slot] = list(range(len(r.tokens) - 1, len(r.tokens) - 1 + rows))
-        tokens, positions = torch.tensor(token_rows), torch.tensor(position_rows)
+        tokens, positions = step_inputs(self.capacity, n_slots, rows, {
+            r.slot: ([r.tokens[-1], *d.tokens], len(r.tokens) - 1) for r, d in zip(ready, drafts)})
         t0 = time.perf_counter()
         logits = self.model.forward_batched(tokens, positions, self.cache.first(n_slots), window=window)
         target_seconds = time.perf_counter() - t0

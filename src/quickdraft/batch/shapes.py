@@ -13,8 +13,6 @@ embedded target agrees in every shape in bf16; in fp32 a one-row product differs
 
 from __future__ import annotations
 
-import functools
-
 import logging
 from collections.abc import Sequence
 
@@ -53,21 +51,18 @@ def row_bucket(rows: int, max_rows: int) -> int:
     return min(next((b for b in ROW_BUCKETS if b >= rows), max_rows), max_rows)
 
 
-def scratch_positions(capacity: int, rows: int, n_slots: int) -> torch.Tensor:
-    """[n_slots, rows] positions at the end of every cache entry, past any sequence's data: where
-    padding rows and idle slots of a step write keys nobody reads. A fresh tensor (callers write
-    their real rows into it), cloned from one kept per shape: every step asks."""
-    return _scratch_template(capacity, rows, n_slots).clone()
-
-
-def scratch_row(capacity: int, rows: int) -> list[int]:
-    """One slot's row of ``scratch_positions``, as a list (for steps that build their tensors from lists)."""
-    return list(range(capacity - rows, capacity))
-
-
-@functools.lru_cache(maxsize=256)
-def _scratch_template(capacity: int, rows: int, n_slots: int) -> torch.Tensor:
-    return torch.tensor([scratch_row(capacity, rows)] * n_slots)
+def step_inputs(capacity: int, n_slots: int, width: int,
+                fed: dict[int, tuple[list[int], int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batched step's tokens and positions [n_slots, width]: slot s of ``fed`` feeds its tokens
+    (padded with 0 to ``width``) at consecutive positions from its start; every other slot feeds
+    token 0 at the scratch positions, the end of its cache entry, past any sequence's data, where
+    padding rows and idle slots write keys nobody reads. One tensor from Python lists per field:
+    per-slot writes cost more than a small model's step."""
+    token_rows, position_rows = [[0] * width] * n_slots, [list(range(capacity - width, capacity))] * n_slots
+    for slot, (tokens, start) in fed.items():
+        token_rows[slot] = tokens + [0] * (width - len(tokens))
+        position_rows[slot] = list(range(start, start + width))
+    return torch.tensor(token_rows), torch.tensor(position_rows)
 
 
 def all_shapes(max_batch: int, max_rows: int) -> list[tuple[int, int]]:

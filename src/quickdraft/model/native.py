@@ -79,9 +79,9 @@ class NativeForward:
         model._rope(torch.zeros(1, dtype=torch.long, device=model.device), positions_end)
         assert model._rope_table is not None
         cos, signed_sin = model._rope_table
-        if cache.batch == batch:
-            return cos, signed_sin, cache.keys, cache.values
-        return cos, signed_sin, [k[:batch] for k in cache.keys], [v[:batch] for v in cache.values]
+        # A batched step's cache is already a view of exactly its entries (KVCache.first)
+        entries = cache if cache.batch == batch else cache.first(batch)
+        return cos, signed_sin, entries.keys, entries.values
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
                  cache: KVCache, n_layers: int | None = None, logits_rows: int | None = None) -> torch.Tensor:
