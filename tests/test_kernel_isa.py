@@ -5,9 +5,18 @@ import pytest
 from quickdraft import kernels
 
 AVX512 = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16"}
+AMX = AVX512 | {"amx_tile", "amx_bf16"}
+
+
+@pytest.fixture(autouse=True)
+def tiles_granted(monkeypatch):
+    """Linux grants the tile registers unless a test says otherwise (no syscall in these tests)."""
+    monkeypatch.setattr(kernels, "_tile_registers_granted", lambda: True)
 
 
 @pytest.mark.parametrize(("flags", "expected"), [
+    (AMX, "amx_bf16"),
+    (AMX - {"amx_bf16"}, "avx512_bf16"),  # tiles without bf16 products
     (AVX512, "avx512_bf16"),
     (AVX512 - {"avx512_bf16"}, "avx2"),  # AVX-512 without bf16 dot products: the AVX2 build
     ({"avx2", "fma", "f16c"}, "avx2"),
@@ -20,7 +29,17 @@ def test_the_best_instruction_set_the_cpu_has(monkeypatch, flags, expected):
     assert kernels.isa() == expected
 
 
+def test_tiles_the_kernel_refuses_to_lend_mean_the_avx512_build(monkeypatch):
+    monkeypatch.delenv("QUICKDRAFT_KERNELS_ISA", raising=False)
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: AMX)
+    monkeypatch.setattr(kernels, "_tile_registers_granted", lambda: False)
+    assert kernels.isa() == "avx512_bf16"
+
+
 def test_a_lesser_instruction_set_can_be_chosen_but_not_a_missing_one(monkeypatch):
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: AMX)
+    monkeypatch.setenv("QUICKDRAFT_KERNELS_ISA", "avx512_bf16")
+    assert kernels.isa() == "avx512_bf16"
     monkeypatch.setattr(kernels, "_cpu_flags", lambda: AVX512)
     monkeypatch.setenv("QUICKDRAFT_KERNELS_ISA", "avx2")
     assert kernels.isa() == "avx2"
@@ -28,7 +47,7 @@ def test_a_lesser_instruction_set_can_be_chosen_but_not_a_missing_one(monkeypatc
     monkeypatch.setenv("QUICKDRAFT_KERNELS_ISA", "avx512_bf16")
     assert kernels.isa() is None
     monkeypatch.setenv("QUICKDRAFT_KERNELS_ISA", "sse2")
-    with pytest.raises(ValueError, match="avx512_bf16, avx2"):
+    with pytest.raises(ValueError, match="amx_bf16, avx512_bf16, avx2"):
         kernels.isa()
 
 

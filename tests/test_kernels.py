@@ -17,18 +17,20 @@ def _bf16(*shape: int, seed: int) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).bfloat16()
 
 
-@pytest.mark.parametrize("n_out,k,bias", [(200, 384, True), (64, 96, False), (1000, 18, True)])
+# Input sizes: whole AMX steps of 32 inputs (384, 96), a remainder after them (200), a remainder
+# alone (18). 37 rows: the AMX build's groups of 16 and a partial third; the AVX-512 build's 6-row tiles.
+@pytest.mark.parametrize("n_out,k,bias", [(200, 384, True), (64, 96, False), (130, 200, True), (1000, 18, True)])
 def test_linear_matches_reference_and_rows_are_invariant(n_out: int, k: int, bias: bool) -> None:
-    weight, x = _bf16(n_out, k, seed=0), _bf16(13, k, seed=1)
+    weight, x = _bf16(n_out, k, seed=0), _bf16(37, k, seed=1)
     b = _bf16(n_out, seed=2) if bias else None
     y = kernels.linear_bf16(x, kernels.pack_bf16(weight), b, n_out)
     reference = x.double() @ weight.double().T + (b.double() if b is not None else 0)
     torch_error = (F.linear(x, weight, b).double() - reference).abs().max()
-    assert y.shape == (13, n_out) and y.dtype == torch.bfloat16
+    assert y.shape == (37, n_out) and y.dtype == torch.bfloat16
     assert (y.double() - reference).abs().max() <= 2 * torch_error + 1e-3
     packed = kernels.pack_bf16(weight)
-    for rows in (1, 2, 5, 6, 7, 12):
-        for start in range(0, 13 - rows + 1, 3):
+    for rows in (1, 2, 5, 6, 7, 12, 16, 17, 33):
+        for start in range(0, 37 - rows + 1, 5):
             assert torch.equal(kernels.linear_bf16(x[start:start + rows], packed, b, n_out), y[start:start + rows])
 
 

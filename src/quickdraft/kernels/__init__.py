@@ -4,9 +4,10 @@ Three kernels (``bf16_kernels.cpp``): ``linear_bf16`` (weight products), ``atten
 (attention over a cache window) and ``rms_norm_bf16``, for bf16 decode steps of a few rows - 1-row plain decoding, verify
 steps of 2-33 rows, token trees, batched steps - and a whole forward (``forward``, bf16 or fp32
 weights, the latter packed by ``pack_f32``). Built for the CPU's best instruction set (``isa()``):
-AVX512-BF16 dot products (Zen 4, Intel Cooper Lake and Sapphire Rapids on), else AVX2 + FMA with
-the bf16 weights widened in registers. A row's result is the same bits whatever the other rows,
-which exact mode's probes then find.
+AMX tiles for the bf16 products (Intel Sapphire Rapids on, where Linux lends the tile registers),
+AVX512-BF16 dot products (Zen 4, Intel Cooper Lake on), else AVX2 + FMA with the bf16 weights
+widened in registers. A row's result is the same bits whatever the other rows, which exact mode's
+probes then find.
 
 The library is compiled once per source, torch version and compiler into ``kernels/`` of
 quickdraft's cache (``user_cache.cache_dir``, default ``~/.cache/quickdraft``), in ~10-20 s, with the C++ compiler that
@@ -37,6 +38,8 @@ SOURCE = Path(__file__).with_name("bf16_kernels.cpp")
 BLOCK_COLUMNS = 64  # the packed layout's column block (kBlockColumns in the C++ source)
 # The instruction sets the source is built for, best first: the CPU flags each needs, the compiler's.
 ISAS = {
+    "amx_bf16": ({"amx_tile", "amx_bf16", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma"},
+                 ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mamx-tile", "-mamx-bf16")),
     "avx512_bf16": ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma"},
                     ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma")),
     "avx2": ({"avx2", "fma"}, ("-mavx2", "-mfma")),
@@ -54,11 +57,27 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+@functools.cache
+def _tile_registers_granted() -> bool:
+    """Ask Linux for the AMX tile registers (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA): a process
+    that uses them unasked is killed (SIGILL). The grant holds for the whole process and its forks."""
+    import ctypes
+
+    sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def isa() -> str | None:
     """The instruction set the kernels are built for on this CPU (``QUICKDRAFT_KERNELS_ISA`` may
-    pick a lesser one, e.g. ``avx2`` on an AVX-512 CPU), or None when it has neither."""
+    pick a lesser one, e.g. ``avx512_bf16`` on an AMX CPU or ``avx2`` on an AVX-512 one), or None
+    when it has none of them."""
     flags = _cpu_flags()
-    usable = [name for name, (needs, _) in ISAS.items() if needs <= flags]
+    usable = [name for name, (needs, _) in ISAS.items()
+              if needs <= flags and (name != "amx_bf16" or _tile_registers_granted())]
     wanted = os.environ.get("QUICKDRAFT_KERNELS_ISA")
     if wanted:
         if wanted not in ISAS:

@@ -3,11 +3,13 @@
 // same way whatever the other rows, the batch or the cache window: exact mode's row and batch
 // invariance hold by construction.
 //
-// Built for one of two instruction sets, chosen by the build (kernels/__init__.py):
+// Built for one of three instruction sets, chosen by the build (kernels/__init__.py):
+// - AMX-BF16 (Intel Sapphire Rapids on): the bf16 weight products on tile registers, 16 rows for
+//   the price of one; everything else as AVX512-BF16;
 // - AVX512-BF16 (Zen 4, Intel Cooper Lake and Sapphire Rapids on): 16 fp32 lanes, bf16 dot
 //   products (vdpbf16ps);
 // - AVX2 + FMA (every x86-64 CPU since ~2013): 8 lanes, bf16 weights widened to fp32 by a shift.
-// The bits differ between the two (another summation order), never between rows or calls on one.
+// The bits differ between them (another summation order), never between rows or calls on one.
 //
 // quickdraft::linear_bf16: y = x @ W^T (+ bias) for a few rows of bf16 activations against a
 // bf16 weight packed once. Why our own product: for 1-33 rows the library kernels cost 2-3x more
@@ -227,6 +229,121 @@ void tile(const uint32_t* x, int64_t x_stride, const __m512i* weights, int64_t p
 using Tile = void (*)(const uint32_t*, int64_t, const __m512i*, int64_t, const float*, at::BFloat16*, int64_t, int64_t);
 constexpr Tile kTiles[kTileRows + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
 
+#if defined(__AMX_BF16__)
+// AMX (Intel Sapphire Rapids on): each 64-column block is four 16 x 16 fp32 accumulator tiles, fed
+// 16 input pairs at a time - an A tile of 16 rows x 32 inputs against a B tile of the block's 16
+// lines of one 16-column quarter, read in place from the packed layout (a line is 256 bytes, a
+// quarter 64 of them: the VNNI layout tdpbf16ps consumes). A tile costs the same for 1 row as for
+// 16, so a verify or a batch of up to 16 rows costs about what one row does, where the AVX-512
+// tiles above pay each row's multiply-adds. Every row goes through a 16-row tile, zero rows
+// padding the last group, and an element's sums never mix rows: a row's bits do not depend on
+// the other rows, their count or the thread count. Linux lends a process the tile registers only
+// on request (kernels/__init__.py asks before this library is chosen).
+constexpr int64_t kAmxRows = 16;
+constexpr int64_t kAmxPairs = 16;                      // input pairs per A/B tile
+constexpr int64_t kAmxLineBytes = 4 * kBlockColumns;  // a packed line: 64 columns x one pair
+constexpr int64_t kAmxQuarterBytes = 64;              // 16 columns x one pair
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-3: the block's accumulators; 4, 5: A and B over 16 pairs; 6, 7: A and B over the last
+// K/2 mod 16 pairs, when there are.
+void configure_tiles(int64_t tail_pairs) {
+  TileConfig config;
+  for (int t = 0; t < 6; ++t) {
+    config.rows[t] = kAmxRows;
+    config.colsb[t] = 64;
+  }
+  if (tail_pairs) {
+    config.rows[6] = kAmxRows;
+    config.colsb[6] = static_cast<uint16_t>(4 * tail_pairs);
+    config.rows[7] = static_cast<uint8_t>(tail_pairs);
+    config.colsb[7] = 64;
+  }
+  _tile_loadconfig(&config);
+}
+
+// One 64-column block for one group of 16 rows: acc [16, 64] fp32 = panel rows @ the block.
+template <bool Tail>
+void amx_block(const char* panel, int64_t panel_stride, const char* block, int64_t full_steps, float* acc) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t s = 0; s < full_steps; ++s) {
+    const char* a = panel + s * kAmxPairs * 4;
+    const char* b = block + s * kAmxPairs * kAmxLineBytes;
+    _tile_loadd(4, a, panel_stride);
+    _tile_loadd(5, b, kAmxLineBytes);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_loadd(5, b + kAmxQuarterBytes, kAmxLineBytes);
+    _tile_dpbf16ps(1, 4, 5);
+    _tile_loadd(5, b + 2 * kAmxQuarterBytes, kAmxLineBytes);
+    _tile_dpbf16ps(2, 4, 5);
+    _tile_loadd(5, b + 3 * kAmxQuarterBytes, kAmxLineBytes);
+    _tile_dpbf16ps(3, 4, 5);
+  }
+  if constexpr (Tail) {
+    const char* a = panel + full_steps * kAmxPairs * 4;
+    const char* b = block + full_steps * kAmxPairs * kAmxLineBytes;
+    _tile_loadd(6, a, panel_stride);
+    _tile_loadd(7, b, kAmxLineBytes);
+    _tile_dpbf16ps(0, 6, 7);
+    _tile_loadd(7, b + kAmxQuarterBytes, kAmxLineBytes);
+    _tile_dpbf16ps(1, 6, 7);
+    _tile_loadd(7, b + 2 * kAmxQuarterBytes, kAmxLineBytes);
+    _tile_dpbf16ps(2, 6, 7);
+    _tile_loadd(7, b + 3 * kAmxQuarterBytes, kAmxLineBytes);
+    _tile_dpbf16ps(3, 6, 7);
+  }
+  constexpr int64_t stride = kBlockColumns * sizeof(float);
+  _tile_stored(0, acc, stride);
+  _tile_stored(1, acc + 16, stride);
+  _tile_stored(2, acc + 32, stride);
+  _tile_stored(3, acc + 48, stride);
+}
+
+// y [m, n_out] = x [m, K] @ W^T (+ bias, fp32), W packed [ceil(n_out/64), K/2, 64, 2].
+void linear_rows(const at::BFloat16* x, int64_t m, const at::Tensor& packed, const float* bias, int64_t n_out,
+                 at::BFloat16* y) {
+  const int64_t pairs = packed.size(1), blocks = packed.size(0), k = 2 * pairs;
+  const int64_t groups = (m + kAmxRows - 1) / kAmxRows;
+  const int64_t full_steps = pairs / kAmxPairs, tail_pairs = pairs % kAmxPairs;
+  // The rows in groups of 16, zero rows after the last: tiles never read past the activations.
+  const int64_t panel_stride = k * static_cast<int64_t>(sizeof(at::BFloat16));
+  std::vector<at::BFloat16> panel(groups * kAmxRows * k, at::BFloat16(0.0f));
+  std::memcpy(panel.data(), x, m * panel_stride);
+  const auto* weights = reinterpret_cast<const char*>(packed.data_ptr<at::BFloat16>());
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    configure_tiles(tail_pairs);
+    alignas(64) float acc[kAmxRows * kBlockColumns];
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t first = block * kBlockColumns;
+      const int64_t columns = std::min(kBlockColumns, n_out - first);
+      const char* w = weights + block * pairs * kAmxLineBytes;
+      for (int64_t g = 0; g < groups; ++g) {
+        const char* rows = reinterpret_cast<const char*>(panel.data()) + g * kAmxRows * panel_stride;
+        if (tail_pairs) amx_block<true>(rows, panel_stride, w, full_steps, acc);
+        else amx_block<false>(rows, panel_stride, w, full_steps, acc);
+        const int64_t valid = std::min(kAmxRows, m - g * kAmxRows);
+        for (int64_t c = 0; c < columns; c += kLanes) {
+          const V b = bias ? Simd::load(bias + first + c, columns - c) : Simd::zero();
+          for (int64_t r = 0; r < valid; ++r)
+            Simd::store(y + (g * kAmxRows + r) * n_out + first + c, columns - c,
+                        Simd::add(Simd::load(acc + r * kBlockColumns + c), b));
+        }
+      }
+    }
+    _tile_release();
+  });
+}
+#else
 // y [m, n_out] = x [m, K] @ W^T (+ bias, fp32), W packed [ceil(n_out/64), K/2, 64, 2].
 void linear_rows(const at::BFloat16* x, int64_t m, const at::Tensor& packed, const float* bias, int64_t n_out,
                  at::BFloat16* y) {
@@ -245,6 +362,8 @@ void linear_rows(const at::BFloat16* x, int64_t m, const at::Tensor& packed, con
     }
   });
 }
+
+#endif  // __AMX_BF16__
 
 // fp32 weights (no bf16 unit needed): each input k's 64 column weights in one 256-byte line,
 // fused multiply-adds in input order.
