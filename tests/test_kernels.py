@@ -3,6 +3,10 @@ the other rows, the cache window and where its visible slots sit (what exact mod
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,7 +14,32 @@ import torch.nn.functional as F
 from quickdraft import kernels
 from quickdraft.model.transformer import RMSNorm
 
-pytestmark = pytest.mark.skipif(not kernels.available(), reason="needs a CPU with AVX512-BF16 and a C++ compiler")
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="needs a CPU with AVX2 or better and a C++ compiler")
+
+
+def _lesser_builds() -> list[str]:
+    """The instruction sets below the one this run's kernels are built for that this CPU also runs
+    (on an AMX CPU: avx512_bf16 and avx2); none inside a run that already chose one."""
+    if os.environ.get("QUICKDRAFT_KERNELS_ISA") or not kernels.available():
+        return []
+    names = list(kernels.ISAS)
+    best = names.index(kernels.isa())
+    flags = kernels._cpu_flags()
+    return [name for name in names[best + 1:] if kernels.ISAS[name][0] <= flags]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isa", _lesser_builds())
+def test_a_lesser_build_this_cpu_runs_passes_the_product_and_forward_tests(isa: str) -> None:
+    # The machines this project runs on differ (AMX, AVX-512, AVX2): each build's rows are checked
+    # wherever the CPU can run it, not only the build a run picks.
+    env = {**os.environ, "QUICKDRAFT_KERNELS_ISA": isa}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider", "-p",
+                           "no:xdist", __file__, "-k", "linear or native_forwards or attention"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    summary = done.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and "skipped" not in summary, summary
 
 
 def _bf16(*shape: int, seed: int) -> torch.Tensor:
