@@ -56,6 +56,19 @@ class BatchDrafter(ABC):
         """The sequence in ``source`` now lives in ``destination`` (compaction)."""
 
 
+def _race(requests: list[DraftRequest], logits: list[torch.Tensor], offset: int) -> list[int]:
+    """Each coupled sequence's draft token at its position ``len(tokens) + offset``: the race of its
+    untruncated softmax over the position's noise, as a Gumbel-max (argmax of logit / T - log E),
+    in one tensor call for all. The native single-sequence draft races the same way
+    (``draft_natively``); a token outside a top-k/top-p truncation is only ever rejected."""
+    if not requests:
+        return []
+    gumbel = torch.cat([r.sampler.gumbel(len(r.tokens) + offset, 1, logits[0].shape[-1])  # type: ignore[attr-defined]
+                        for r in requests])
+    inverse_temperatures = torch.tensor([[1.0 / r.sampling.temperature] for r in requests])
+    return (torch.stack(logits).float() * inverse_temperatures + gumbel).argmax(-1).tolist()
+
+
 class _ModelDrafter(BatchDrafter):
     """Autoregressive drafting with a [S, T] forward per position: ``_forward(tokens, positions, S)``."""
 
@@ -91,17 +104,21 @@ class _ModelDrafter(BatchDrafter):
         for i in range(max(r.k for r in active)):
             feeding = []
             drawing = [r for r in active if i < r.k]
-            sampled = [r for r in drawing if not r.sampling.greedy]
+            # Coupled sequences race their logits (no q: their rule verifies without it); the
+            # rejection rule's need q, drawn from as one sequence would.
+            racing = [r for r in drawing if not r.sampling.greedy and races_natively(r.sampling, r.sampler)]
+            sampled = [r for r in drawing if not r.sampling.greedy and r not in racing]
             q_of = dict(zip((r.slot for r in sampled),
                             grouped_probabilities([current[r.slot] for r in sampled], [r.sampling for r in sampled])))
             greedy = [r for r in drawing if r.sampling.greedy]
             argmax = dict(zip((r.slot for r in greedy),
                               greedy_tokens(torch.stack([current[r.slot] for r in greedy])).tolist() if greedy else []))
+            argmax.update(zip((r.slot for r in racing), _race(racing, [current[r.slot] for r in racing], i)))
             drawn = dict(zip((r.slot for r in sampled),
                              draw_batch([r.sampler for r in sampled], torch.stack([q_of[r.slot] for r in sampled]),
                                         [len(r.tokens) + i for r in sampled]) if sampled else []))
             for r in drawing:
-                if r.sampling.greedy:
+                if r.slot in argmax:
                     token = argmax[r.slot]
                 else:
                     token = drawn[r.slot]

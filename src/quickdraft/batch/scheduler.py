@@ -93,6 +93,12 @@ class BatchRequest:
         return c.accepts / (c.accepts + c.rejects)
 
 
+def weighs_draft(request: BatchRequest) -> bool:
+    """Whether the request's drafts compute q (the rejection rule): greedy and coupled drafts race
+    their logits, at about a greedy draft step's cost."""
+    return not request.sampling.greedy and not request.sampler.coupled
+
+
 class BatchScheduler:
     def __init__(self, engine: Engine, max_batch: int = DEFAULT_MAX_BATCH,
                  prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
@@ -119,7 +125,7 @@ class BatchScheduler:
         self.waiting: deque[BatchRequest] = deque()
         self.active: list[BatchRequest] = []  # active[i].slot == i
         self._target_cost: dict[tuple[int, int], float] = {}  # (slots, rows) -> seconds
-        # (slots, any sampled sequence drafting) -> seconds per draft step: sampled drafts add their
+        # (slots, any sequence drafting with q) -> seconds per draft step: the rejection rule's drafts add their
         # probabilities and draws, several times a greedy draft step's cost
         self._draft_cost: dict[tuple[int, bool], float] = {}
         # The rest of a step: its Python (verify, commit, text) by slot bucket, and the seconds of a
@@ -273,6 +279,7 @@ class BatchScheduler:
         alphas = [min(r.alpha, 0.999) for r, _ in auto]
         caps = [cap for _, cap in auto]
         sampled = [not r.sampling.greedy for r, _ in auto]
+        weighing = any(weighs_draft(r) for r, _ in auto)
         powers = [1.0] * len(auto)
         tokens = sampled_rows = 0.0
         for gamma in range(0, max(caps) + 1):
@@ -282,7 +289,7 @@ class BatchScheduler:
                     powers[i] *= alphas[i]
                     sampled_rows += sampled[i]
             shape = self._shape(1 + max(gamma, fixed_max), longest + max(gamma, fixed_max))
-            seconds = (self._target_seconds(shape) + gamma * self._draft_seconds(shape[0], sampled_rows > 0)
+            seconds = (self._target_seconds(shape) + gamma * self._draft_seconds(shape[0], weighing)
                        + self._step_overhead.get(shape[0], 0.0) + sampled_rows * self._sampled_row_cost)
             if tokens / seconds > best_rate:
                 best, best_rate = gamma, tokens / seconds
@@ -332,7 +339,7 @@ class BatchScheduler:
             calls = max(d.forward_calls for d in proposed)
             if calls:  # a catch-up prefill is the cost of steps without drafts, not of drafting
                 per_call = (drafter_seconds - sum(d.catch_up_seconds for d in proposed)) / calls
-                key = (n_slots, any(not r.sampling.greedy for r, _ in drafting))
+                key = (n_slots, any(weighs_draft(r) for r, _ in drafting))
                 old = self._draft_cost.get(key, per_call)
                 self._draft_cost[key] = COST_DECAY * old + (1 - COST_DECAY) * per_call
         shape = self._shape(1 + max(len(d.tokens) for d in drafts), max(len(r.tokens) + len(d.tokens)
