@@ -254,3 +254,20 @@ def test_a_compiled_draft_drafts_a_lone_sequence_and_changes_no_output(checkpoin
     assert [r.token_ids for r in alone] == [eager.generate_batch([p], 20, max_batch=4, gamma=3)[0].token_ids
                                             for p in prompts]
     assert sum(r.stats.accepted for r in alone) > 0
+
+
+def test_the_clock_overrules_goodput_when_plain_steps_commit_more_per_second(engines, monkeypatch):
+    scheduler = engines["related"].batch_scheduler(4)
+    monkeypatch.setattr(scheduler, "_goodput_gamma", lambda *args: 3)  # the model always says γ = 3
+    for prompt in mixed_prompts(3):
+        scheduler.submit(prompt, 200, SamplingParams(), "auto")
+    chosen = []
+    for _ in range(80):
+        scheduler.step()  # the first prefills the three prompts, then decodes
+        chosen.append(scheduler.last_gamma)
+        bucket, arm = scheduler._arm
+        arms = scheduler._speculation_arms[bucket]
+        # what the clock says, whatever this tiny model measured: plain commits 3x faster
+        arms.seconds[arm] = arms.tokens[arm] / (3000.0 if arm == "plain" else 1000.0)
+    assert chosen[:4] == [3, 3, 0, 0]  # each arm tried twice
+    assert chosen[4:].count(0) >= 70 and 3 in chosen[4:]  # plain runs; goodput's γ is measured again now and then
