@@ -270,7 +270,9 @@ void configure_tiles(int64_t tail_pairs, int64_t rows) {
   _tile_loadconfig(&config);
 }
 
-// One 64-column block for one group of 16 rows: acc [16, 64] fp32 = panel rows @ the block.
+// One 64-column block for one group of rows: acc [16, 64] fp32 = panel rows @ the block. The tail
+// repeats the main loop's body on tiles 6, 7: the intrinsics paste tile numbers into their assembly
+// as literal tokens, so neither a function nor a template can take them as parameters.
 template <bool Tail>
 void amx_block(const char* panel, int64_t panel_stride, const char* block, int64_t full_steps, float* acc) {
   _tile_zero(0);
