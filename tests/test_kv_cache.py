@@ -65,3 +65,6 @@ def test_entry_views_share_the_cache_and_keep_their_own_length():
     assert again.length == 0 and cache.length == 0
     cache.move_entry(1, 2)  # compaction of a batch copies the storage the views read
     assert cache.entries(2, 3).keys[1][0, 0, 5, 0] == 7.0
+    cache.keys[1][0, 0, 4:6] = 3.0
+    cache.move_entry(0, 2, length=5)  # a sequence's 5 positions; what lies past them stays
+    assert cache.keys[1][2, 0, 4, 0] == 3.0 and cache.keys[1][2, 0, 5, 0] == 7.0

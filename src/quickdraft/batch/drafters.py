@@ -215,7 +215,7 @@ class BatchedDraftModel(_ModelDrafter):
         self.length[slot] = min(self.length[slot], self._base[slot] + min(n_accepted, self._fed[slot]))
 
     def move(self, source: int, destination: int) -> None:
-        self.cache.move_entry(source, destination)
+        self.cache.move_entry(source, destination, self.length[source])
         for values in (self.length, self._base, self._fed):
             values[destination] = values[source]
 

@@ -423,7 +423,7 @@ class BatchScheduler:
         assert slot is not None and self.active[slot] is request
         last = self.active.pop()
         if last is not request:  # compaction: the last sequence moves into the freed slot
-            self.cache.move_entry(last.slot, slot)
+            self.cache.move_entry(last.slot, slot, len(last.tokens))
             if self.drafter is not None:
                 self.drafter.move(last.slot, slot)
             last.slot = slot

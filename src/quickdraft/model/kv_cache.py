@@ -73,11 +73,13 @@ class KVCache:
         view.capacity, view.length, view._views = self.capacity, 0, {}
         return view
 
-    def move_entry(self, source: int, destination: int) -> None:
-        """Copy entry ``source``'s keys and values over entry ``destination`` (compaction of a batch)."""
+    def move_entry(self, source: int, destination: int, length: int | None = None) -> None:
+        """Copy entry ``source``'s keys and values over entry ``destination`` (compaction of a batch):
+        its first ``length`` positions, those a sequence holds (nothing reads a position before
+        writing it), or all of them."""
         for tensors in (self.keys, self.values):
             for t in tensors:
-                t[destination].copy_(t[source])
+                t[destination, :, :length].copy_(t[source, :, :length])
 
     def compact(self, sources: list[int], destination: int) -> None:
         """Copy the keys and values at slots ``sources`` to the consecutive slots from ``destination``
