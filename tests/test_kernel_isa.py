@@ -57,3 +57,23 @@ def test_the_cpu_flags_are_read_from_the_flags_line(monkeypatch, tmp_path):
     real_path = kernels.Path
     monkeypatch.setattr(kernels, "Path", lambda p: cpuinfo if p == "/proc/cpuinfo" else real_path(p))
     assert kernels._cpu_flags() == {"fpu", "avx2", "fma"}
+
+
+def test_a_build_the_compiler_cannot_make_falls_back_to_a_lesser_one(monkeypatch, tmp_path):
+    monkeypatch.delenv("QUICKDRAFT_KERNELS_ISA", raising=False)
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: AMX)
+    monkeypatch.setattr(kernels, "_compiler", lambda: "c++")
+    monkeypatch.setattr(kernels, "_library_path", lambda compiler, flags: tmp_path / f"{len(flags)}.so")
+
+    def build(compiler, library, flags):
+        if "-mamx-tile" in flags:
+            raise RuntimeError("unrecognized command-line option '-mamx-tile'")  # an older compiler
+        library.touch()
+
+    loaded = []
+    monkeypatch.setattr(kernels, "_build_once", build)
+    monkeypatch.setattr(kernels.torch.ops, "load_library", loaded.append)
+    monkeypatch.setattr(kernels, "_register_fake", lambda: None)
+    assert kernels.loaded_isa.__wrapped__() == "avx512_bf16" and len(loaded) == 1
+    monkeypatch.setenv("QUICKDRAFT_KERNELS_ISA", "amx_bf16")  # a build asked for by name: no other
+    assert kernels.loaded_isa.__wrapped__() is None and len(loaded) == 1

@@ -23,7 +23,7 @@ def _lesser_builds() -> list[str]:
     if os.environ.get("QUICKDRAFT_KERNELS_ISA") or not kernels.available():
         return []
     names = list(kernels.ISAS)
-    best = names.index(kernels.isa())
+    best = names.index(kernels.loaded_isa())
     flags = kernels._cpu_flags()
     return [name for name in names[best + 1:] if kernels.ISAS[name][0] <= flags]
 

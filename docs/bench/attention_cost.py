@@ -32,7 +32,7 @@ def main() -> None:
     torch.set_num_threads(1)
     rows = [int(r) for r in args.rows.split(",")]
     generator = torch.Generator().manual_seed(0)
-    print(f"kernels {kernels.isa()}, 1 thread, µs per call (one layer: 6 query heads over 2 key/value heads of 64)")
+    print(f"kernels {kernels.loaded_isa()}, 1 thread, µs per call (one layer: 6 query heads over 2 key/value heads of 64)")
     print("| span | " + " | ".join(f"{t} row{'s' if t > 1 else ''}" for t in rows) + " |")
     print("|---|" + "---|" * len(rows))
     for span in (int(s) for s in args.spans.split(",")):

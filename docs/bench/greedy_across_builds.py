@@ -24,7 +24,7 @@ from quickdraft.bench.harness import load_prompts
 torch.set_num_threads(1)
 engine = Engine(str(default_target_path()), None, dtype="bf16")
 outputs = [engine.generate(p["prompt"], int(sys.argv[1]), gamma=0).token_ids for p in load_prompts(None)]
-print(json.dumps({"isa": kernels.isa(), "outputs": outputs}))
+print(json.dumps({"isa": kernels.loaded_isa(), "outputs": outputs}))
 """
 
 

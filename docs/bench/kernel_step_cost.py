@@ -54,7 +54,7 @@ def main() -> None:
     except RuntimeError:  # oneDNN's bf16 needs AVX-512 (or AVX-NE-CONVERT)
         onednn = []
     ours = [kernels.pack_bf16(w) for w in weights] if products else []
-    print(f"embedded target, {args.dtype}, {args.threads} thread(s), kernels built for {kernels.isa()}, "
+    print(f"embedded target, {args.dtype}, {args.threads} thread(s), kernels built for {kernels.loaded_isa()}, "
           f"{args.prefix} tokens in a {args.capacity}-slot cache; medians, ms")
     print("| rows | products: F.linear | oneDNN packed | quickdraft | step: compiled graph (rounds 6-8) | "
           "native forward |")

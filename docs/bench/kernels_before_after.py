@@ -49,7 +49,7 @@ def main() -> None:
             for prompt in prompts:
                 tokens += len(engines[name].generate(prompt, args.tokens, gamma=gamma).token_ids)
             rates[(name, gamma)].append(tokens / (time.perf_counter() - start))
-    print(f"{torch.get_num_threads()} threads, kernels built for {kernels.isa()}; "
+    print(f"{torch.get_num_threads()} threads, kernels built for {kernels.loaded_isa()}; "
           f"{args.prompts} prompts x {args.tokens} tokens, greedy, medians of {args.rounds} rounds (tokens/s)")
     print("| engine | dtype | plain | speculative (γ=4) | speedup |")
     print("|---|---|---|---|---|")

@@ -796,7 +796,7 @@ def machine_description() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
-        "kernels": kernels.isa() if kernels.available() else None,  # the instruction set of our CPU kernels
+        "kernels": kernels.loaded_isa(),  # the instruction set of our CPU kernels
         "python": platform.python_version(),
         "platform": platform.platform(),
     }

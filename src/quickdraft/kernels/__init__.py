@@ -133,29 +133,42 @@ def _build_once(compiler: str, library: Path, isa_flags: tuple[str, ...]) -> Non
 
 
 @functools.cache
-def available() -> bool:
-    """True when the kernels are loaded (built now if needed) for this CPU's instruction set."""
+def loaded_isa() -> str | None:
+    """The instruction set of the kernels this process loaded (built now if needed): ``isa()``, or
+    a lesser one this CPU runs when that one cannot be built here (a compiler without AMX, say);
+    None when none loads. ``QUICKDRAFT_KERNELS_ISA`` allows only the build it names."""
     if os.environ.get("QUICKDRAFT_KERNELS", "1") == "0" or not sys.platform.startswith("linux"):
-        return False
+        return None
     chosen = isa()
     if chosen is None:
-        return False
+        return None
     compiler = _compiler()
     if compiler is None:
         log.warning("no C++ compiler: products stay torch's")
-        return False
-    isa_flags = ISAS[chosen][1]
-    try:
-        library = _library_path(compiler, isa_flags)
-        if not library.exists():
-            _build_once(compiler, library, isa_flags)
-        torch.ops.load_library(str(library))
-    except Exception as exc:  # noqa: BLE001 - any failure: torch's products are always correct
-        log.warning("quickdraft's CPU kernels are unavailable (%s: %s); products stay torch's",
-                    type(exc).__name__, exc)
-        return False
-    _register_fake()
-    return True
+        return None
+    names = list(ISAS)
+    flags = _cpu_flags()
+    fallbacks = [] if os.environ.get("QUICKDRAFT_KERNELS_ISA") else [
+        name for name in names[names.index(chosen) + 1:] if ISAS[name][0] <= flags]
+    for candidate in (chosen, *fallbacks):
+        isa_flags = ISAS[candidate][1]
+        try:
+            library = _library_path(compiler, isa_flags)
+            if not library.exists():
+                _build_once(compiler, library, isa_flags)
+            torch.ops.load_library(str(library))
+        except Exception as exc:  # noqa: BLE001 - any failure: a lesser build, or torch's products
+            log.warning("quickdraft's %s kernels are unavailable (%s: %s)", candidate, type(exc).__name__, exc)
+            continue
+        _register_fake()
+        return candidate
+    log.warning("quickdraft's CPU kernels are unavailable; products stay torch's")
+    return None
+
+
+def available() -> bool:
+    """True when the kernels are loaded (built now if needed): ``loaded_isa()`` says which."""
+    return loaded_isa() is not None
 
 
 def _register_fake() -> None:
