@@ -372,6 +372,14 @@ def test_load_report_percentiles_are_nearest_rank():
     assert percentile([], 50) is None
 
 
+def test_a_sweep_report_says_when_no_kernel_build_loaded():
+    from quickdraft.bench.load import machine_line
+
+    machine = {"cpu": "Intel(R) Xeon(R)", "cpus": 2, "torch": "2.13.0+cpu"}
+    assert machine_line({**machine, "kernels": "amx_bf16"}).endswith("quickdraft kernels: amx_bf16.")
+    assert "kernels: none (torch products)" in machine_line({**machine, "kernels": None})
+
+
 def test_serve_is_a_quickdraft_subcommand():
     from quickdraft.cli import build_parser
 

@@ -497,9 +497,16 @@ def run_sweep(levels: list[int], duration_s: float, max_tokens: int, target: str
             reports.append(hf)
     out.mkdir(parents=True, exist_ok=True)
     (out / "load_sweep.json").write_text(json.dumps([asdict(r) for r in reports], indent=2))
-    (out / "load_sweep.md").write_text("\n".join(sweep_table(reports)) + "\n")
+    (out / "load_sweep.md").write_text("\n".join([machine_line(reports[0].machine), "", *sweep_table(reports)]) + "\n")
     _plot_sweep(reports, out / "load_sweep.png")
     return reports
+
+
+def machine_line(machine: dict[str, Any]) -> str:
+    """Where a sweep ran, and which build of quickdraft's CPU kernels this process loaded (a build
+    that failed leaves every engine on torch's products: 2-3x slower, with only a log line)."""
+    return (f"Machine: {machine.get('cpu')}, {machine.get('cpus')} CPUs, torch {machine.get('torch')}, "
+            f"quickdraft kernels: {machine.get('kernels') or 'none (torch products)'}.")
 
 
 def sweep_table(reports: list[LoadReport]) -> list[str]:
