@@ -22,10 +22,8 @@ def _lesser_builds() -> list[str]:
     (on an AMX CPU: avx512_bf16 and avx2); none inside a run that already chose one."""
     if os.environ.get("QUICKDRAFT_KERNELS_ISA") or not kernels.available():
         return []
-    names = list(kernels.ISAS)
-    best = names.index(kernels.loaded_isa())
-    flags = kernels._cpu_flags()
-    return [name for name in names[best + 1:] if kernels.ISAS[name][0] <= flags]
+    runnable = kernels.runnable_isas()
+    return runnable[runnable.index(kernels.loaded_isa()) + 1:]
 
 
 @pytest.mark.slow

@@ -107,7 +107,7 @@ class _ModelDrafter(BatchDrafter):
             # Coupled sequences race their logits (no q: their rule verifies without it); the
             # rejection rule's need q, drawn from as one sequence would.
             racing = [r for r in drawing if not r.sampling.greedy and races_natively(r.sampling, r.sampler)]
-            sampled = [r for r in drawing if not r.sampling.greedy and r not in racing]
+            sampled = [r for r in drawing if not r.sampling.greedy and not races_natively(r.sampling, r.sampler)]
             q_of = dict(zip((r.slot for r in sampled),
                             grouped_probabilities([current[r.slot] for r in sampled], [r.sampling for r in sampled])))
             greedy = [r for r in drawing if r.sampling.greedy]

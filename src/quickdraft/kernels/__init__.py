@@ -71,13 +71,18 @@ def _tile_registers_granted() -> bool:
         return False
 
 
+def runnable_isas() -> list[str]:
+    """The builds this CPU runs, best first (AMX only where Linux lends the tile registers)."""
+    flags = _cpu_flags()
+    return [name for name, (needs, _) in ISAS.items()
+            if needs <= flags and (name != "amx_bf16" or _tile_registers_granted())]
+
+
 def isa() -> str | None:
     """The instruction set the kernels are built for on this CPU (``QUICKDRAFT_KERNELS_ISA`` may
     pick a lesser one, e.g. ``avx512_bf16`` on an AMX CPU or ``avx2`` on an AVX-512 one), or None
     when it has none of them."""
-    flags = _cpu_flags()
-    usable = [name for name, (needs, _) in ISAS.items()
-              if needs <= flags and (name != "amx_bf16" or _tile_registers_granted())]
+    usable = runnable_isas()
     wanted = os.environ.get("QUICKDRAFT_KERNELS_ISA")
     if wanted:
         if wanted not in ISAS:
@@ -146,10 +151,8 @@ def loaded_isa() -> str | None:
     if compiler is None:
         log.warning("no C++ compiler: products stay torch's")
         return None
-    names = list(ISAS)
-    flags = _cpu_flags()
-    fallbacks = [] if os.environ.get("QUICKDRAFT_KERNELS_ISA") else [
-        name for name in names[names.index(chosen) + 1:] if ISAS[name][0] <= flags]
+    runnable = runnable_isas()
+    fallbacks = [] if os.environ.get("QUICKDRAFT_KERNELS_ISA") else runnable[runnable.index(chosen) + 1:]
     for candidate in (chosen, *fallbacks):
         isa_flags = ISAS[candidate][1]
         try:
