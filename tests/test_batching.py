@@ -9,10 +9,12 @@ import torch
 
 from quickdraft import Engine, SamplingParams
 import quickdraft.batch.prefill as prefill_module
+from quickdraft.batch.drafters import DraftRequest, batch_drafter
 from quickdraft.batch.prefill import PrefillChunk, prefill_groups
 from quickdraft.batch.scheduler import BatchScheduler
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.loader import load_model
+from quickdraft.randomness import sampler_for
 from test_sampling_exact import ALPHA, PROMPT, exact_joint, fit_p_values, tiny_vocab_pair
 
 DRAFTERS = ("related", "early-exit:1", "prompt-lookup")
@@ -271,3 +273,34 @@ def test_the_clock_overrules_goodput_when_plain_steps_commit_more_per_second(eng
         arms.seconds[arm] = arms.tokens[arm] / (3000.0 if arm == "plain" else 1000.0)
     assert chosen[:4] == [3, 3, 0, 0]  # each arm tried twice
     assert chosen[4:].count(0) >= 70 and 3 in chosen[4:]  # plain runs; goodput's γ is measured again now and then
+
+
+@pytest.mark.parametrize("drafter", ["related", "early-exit:1"])
+def test_a_batch_drafted_in_one_native_call_drafts_what_the_stepwise_loop_drafts(engines, drafter):
+    """Greedy and raced (seeded) sequences of different lengths, some behind by several tokens:
+    the native call's drafts are the Python loop's, one [S, rows] forward per position."""
+    engine = engines[drafter]
+    if engine.target.model.native is None:
+        pytest.skip("no native forward on this platform")
+    prompts = mixed_prompts(6)
+    samplings = [SamplingParams(), SamplingParams(temperature=0.8, top_p=0.9, seed=5)] * 3
+
+    def drafts(native: bool) -> list[list[int]]:
+        target_cache = engine.model.new_cache(256, batch=8)
+        for slot, p in enumerate(prompts):
+            engine.model.prefill(torch.tensor([p[:-1]]), 0, target_cache.entry(slot))
+        batched = batch_drafter(engine.drafter, engine.model, target_cache, 8, 256, engine.vocab_limit)
+        if not native:
+            batched._native_drafting = lambda: None
+        batched.begin(list(enumerate(prompts)))
+        proposed = []
+        for round_ in range(3):  # each round commits 1 + slot % 4 more tokens: wider first rows, catch-ups
+            requests = [DraftRequest(slot, p + list(range(1, 2 + round_ * (1 + slot % 4))), 2 + slot % 3 if slot != 3 else 0,
+                                     s, sampler_for(s)) for slot, (p, s) in enumerate(zip(prompts, samplings))]
+            proposed += [d.tokens for d in batched.propose(requests, 8)]
+            for r in requests:
+                batched.accept(r.slot, 0)
+        return proposed
+
+    assert drafts(native=True) == drafts(native=False)
+    assert sum(map(len, drafts(native=True))) == 3 * 16  # k = 2, 3, 4, none, 3, 4 per round

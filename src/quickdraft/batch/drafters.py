@@ -8,13 +8,14 @@ positions at the end of their cache entry, past anything a sequence holds.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
 
 from quickdraft.drafters.base import Draft, Drafter
-from quickdraft.drafters.draft_model import DraftModelDrafter, catch_up, draft_natively, races_natively
+from quickdraft.drafters.draft_model import CATCH_UP_AFTER, DraftModelDrafter, catch_up, draft_natively, races_natively
 from quickdraft.drafters.early_exit import EarlyExitDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.batch.prefill import PrefillChunk, grouping, prefill
@@ -84,10 +85,23 @@ class _ModelDrafter(BatchDrafter):
     def _first_rows(self, request: DraftRequest) -> tuple[list[int], int]:
         """The tokens a sequence feeds first and the position of the first."""
 
+    def _native_drafting(self) -> tuple[Transformer, KVCache, int | None] | None:
+        """(model, the batch's cache, layers run) when its whole proposal can be one native call."""
+        return None
+
+    def _catch_up(self, active: list[DraftRequest]) -> float:
+        """Prefill what a sequence lacks beyond its last few tokens (after steps without drafts);
+        the seconds it took."""
+        return 0.0
+
     def propose(self, requests: list[DraftRequest], n_slots: int) -> list[Draft]:
         active = [r for r in requests if r.k > 0]
         drafts = {r.slot: Draft([], None) for r in requests}
         if not active:
+            return [drafts[r.slot] for r in requests]
+        native = self._native_drafting()
+        if native is not None and all(r.sampling.greedy or races_natively(r.sampling, r.sampler) for r in active):
+            drafts.update(self._propose_natively(active, n_slots, *native))
             return [drafts[r.slot] for r in requests]
         first = [self._first_rows(r) for r in active]
         width = max(len(rows) for rows, _ in first)
@@ -143,6 +157,29 @@ class _ModelDrafter(BatchDrafter):
             drafts[r.slot] = Draft(drafted[r.slot], torch.stack(qs[r.slot]) if qs[r.slot] else None, calls)
         return [drafts[r.slot] for r in requests]
 
+    def _propose_natively(self, active: list[DraftRequest], n_slots: int, model: Transformer, cache: KVCache,
+                          n_layers: int | None) -> dict[int, Draft]:
+        """Every active sequence's chain in one native call (greedy or raced drafts: no q), the
+        steps the loop of ``propose`` would run, without Python between them."""
+        assert model.native is not None
+        catch_up_seconds = self._catch_up(active)
+        first = {r.slot: self._first_rows(r) for r in active}
+        ks, gumbel, temperatures = [0] * n_slots, [None] * n_slots, [1.0] * n_slots
+        for r in active:
+            ks[r.slot] = r.k
+            if not r.sampling.greedy:
+                gumbel[r.slot] = r.sampler.gumbel(len(r.tokens), r.k, self.vocab_limit)  # type: ignore[attr-defined]
+                temperatures[r.slot] = r.sampling.temperature
+        needed = max(start + len(rows) + r.k for r, (rows, start) in zip(active, first.values()))
+        drafted = model.native.draft_batch([first.get(slot) for slot in range(n_slots)], ks, self.vocab_limit, cache,
+                                           window_bucket(needed, self.capacity), gumbel, temperatures, n_layers)
+        by_slot = {r.slot: drafted[r.slot] for r in active}
+        self._after_propose(active, by_slot)
+        calls = max(ks)
+        drafts = {slot: Draft(tokens, None, calls) for slot, tokens in by_slot.items()}
+        drafts[active[0].slot].catch_up_seconds = catch_up_seconds  # the proposal's, counted once
+        return drafts
+
     def _after_propose(self, active: list[DraftRequest], drafted: dict[int, list[int]]) -> None:
         """Bookkeeping of what the proposal fed into the drafter's own cache."""
 
@@ -177,6 +214,20 @@ class BatchedDraftModel(_ModelDrafter):
     def _first_rows(self, request: DraftRequest) -> tuple[list[int], int]:
         start = self.length[request.slot]
         return request.tokens[start:], start
+
+    def _native_drafting(self) -> tuple[Transformer, KVCache, int | None] | None:
+        return None if self.model.native is None else (self.model, self.cache, None)
+
+    def _catch_up(self, active: list[DraftRequest]) -> float:
+        behind = [r for r in active if len(r.tokens) - self.length[r.slot] > CATCH_UP_AFTER]
+        if not behind:
+            return 0.0
+        start = time.perf_counter()
+        chunks = [PrefillChunk(r.slot, r.tokens[self.length[r.slot]:-1], self.length[r.slot]) for r in behind]
+        prefill(self.model, self.cache, chunks, *grouping(self.model, exact=False))
+        for r in behind:
+            self.length[r.slot] = len(r.tokens) - 1
+        return time.perf_counter() - start
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, n_slots: int, window: int) -> torch.Tensor:
         if n_slots == 1 and self.alone_steps.enabled and tokens.shape[1] <= self.alone_steps.max_rows:
@@ -233,6 +284,9 @@ class BatchedEarlyExit(_ModelDrafter):
 
     def _first_rows(self, request: DraftRequest) -> tuple[list[int], int]:
         return request.tokens[-1:], len(request.tokens) - 1  # the target cache holds all but the last token
+
+    def _native_drafting(self) -> tuple[Transformer, KVCache, int | None] | None:
+        return None if self.target.native is None else (self.target, self.cache, self.exit_layer)
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, n_slots: int, window: int) -> torch.Tensor:
         return self.target.forward_batched(tokens, positions, self.cache.first(n_slots), exit_layer=self.exit_layer,

@@ -22,7 +22,7 @@ from quickdraft.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
-ROW_BUCKETS = (1, 2, 3, 5, 9, 17)
+ROW_BUCKETS = (1, 2, 3, 4, 5, 9, 17)
 MIN_WINDOW = 128
 
 

@@ -256,6 +256,23 @@ def draft_greedy(tokens: torch.Tensor, start: int, k: int, vocab_limit: int, cos
                                              1.0 if gumbel is None else 1.0 / temperature)
 
 
+def draft_batch(tokens: torch.Tensor, positions: torch.Tensor, ks: list[int], window: int, vocab_limit: int,
+                cos: torch.Tensor, signed_sin: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                weights: list[torch.Tensor], n_layers: int, n_head: int, n_kv: int, head_dim: int,
+                intermediate: int, vocab: int, eps: float, head_ids: torch.Tensor | None,
+                gumbel: list[torch.Tensor | None], temperatures: list[float]) -> torch.Tensor:
+    """``draft_greedy`` for a batch: sequence b feeds tokens[b] (its real rows last, front padding at
+    scratch positions) and drafts ks[b] tokens, each step one [B, rows] forward over cache slots
+    [0, window) -> int64 [B, max(ks)], -1 past a sequence's own count. ``gumbel[b]`` [ks[b], V]
+    races sequence b's draws at ``temperatures[b]``; None drafts its argmax."""
+    ids = torch.empty(0, dtype=torch.long) if head_ids is None else head_ids
+    noise = [torch.empty(0, 0) if g is None else g for g in gumbel]
+    inverse = [1.0 if g is None else 1.0 / t for g, t in zip(gumbel, temperatures)]
+    return torch.ops.quickdraft.draft_batch(tokens, positions, torch.tensor(ks, dtype=torch.long), window, vocab_limit,
+                                            cos, signed_sin, keys, values, weights, n_layers, n_head, n_kv, head_dim,
+                                            intermediate, vocab, eps, ids, noise, inverse)
+
+
 def nucleus_keep(probs: torch.Tensor, top_p: float, margin: float) -> torch.Tensor:
     """fp32 probability rows [rows, vocab] with the tokens past each row's top-p nucleus zeroed, not
     renormalised: ``sampling._nucleus``'s definition, bit for bit, in one call."""

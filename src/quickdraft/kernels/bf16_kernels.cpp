@@ -1047,6 +1047,32 @@ at::Tensor forward(const at::Tensor& tokens, const at::Tensor& positions, const 
   });
 }
 
+// A draft's token from one row of head logits over [0, vocab_limit): the first maximum, or with noise
+// g (indexed by token id) the Gumbel-max race, the first maximum of logit * scale + g (a sample of
+// softmax(logit * scale), the coupled rule's draw when g = -log E of the position's noise). row_token,
+// when not null, maps a subset head's rows to token ids; the token id is returned.
+template <typename T>
+int64_t draft_pick(const T* logits, int64_t vocab_limit, const int64_t* row_token, const float* g, float scale) {
+  int64_t best = 0;
+  if (g) {
+    auto score = [&](int64_t v) { return static_cast<float>(logits[v]) * scale + g[row_token ? row_token[v] : v]; };
+    float top = score(0);
+    for (int64_t v = 1; v < vocab_limit; ++v)
+      if (const float s = score(v); s > top) {
+        top = s;
+        best = v;
+      }
+  } else {
+    float top = static_cast<float>(logits[0]);
+    for (int64_t v = 1; v < vocab_limit; ++v)
+      if (static_cast<float>(logits[v]) > top) {
+        top = static_cast<float>(logits[v]);
+        best = v;
+      }
+  }
+  return row_token ? row_token[best] : best;
+}
+
 // quickdraft::draft_greedy: a draft model's whole greedy proposal in one call. Feeds tokens [1, T]
 // at positions start.. (a chain after the cache's first start slots), then drafts k tokens: each
 // is the first maximum of the last row's logits over [0, vocab_limit), and all but the last are
@@ -1086,26 +1112,8 @@ at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t 
     if (t > 1) mask = mask.tril(first);  // row j sees slots [0, first + j]
     const at::Tensor logits = forward_native<T>(feed, positions, positions, mask, cos, signed_sin, keys, values,
                                                 weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, 1);
-    const T* last = logits.data_ptr<T>();
-    int64_t best = 0;
-    if (noise_rows) {  // the Gumbel-max race: argmax of logit / temperature + g, g = -log E of the token's id
-      const float* g = noise_rows + i * noise.size(1);
-      auto score = [&](int64_t v) { return static_cast<float>(last[v]) * scale + g[row_token ? row_token[v] : v]; };
-      float top = score(0);
-      for (int64_t v = 1; v < vocab_limit; ++v)
-        if (const float s = score(v); s > top) {
-          top = s;
-          best = v;
-        }
-    } else {
-      float top = static_cast<float>(last[0]);
-      for (int64_t v = 1; v < vocab_limit; ++v)
-        if (static_cast<float>(last[v]) > top) {
-          top = static_cast<float>(last[v]);
-          best = v;
-        }
-    }
-    if (row_token) best = row_token[best];
+    const int64_t best = draft_pick(logits.data_ptr<T>(), vocab_limit, row_token,
+                                    noise_rows ? noise_rows + i * noise.size(1) : nullptr, scale);
     out[i] = best;
     first += t;
     feed = at::full({1, 1}, best, ids);
@@ -1122,6 +1130,88 @@ at::Tensor draft_greedy(const at::Tensor& tokens, int64_t start, int64_t k, int6
     return draft_greedy_native<decltype(element)>(tokens, start, k, vocab_limit, cos, signed_sin, keys, values,
                                                   weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps,
                                                   head_ids, gumbel, inverse_temperature);
+  });
+}
+
+// quickdraft::draft_batch: a batch's drafts in one call, draft_greedy for [B] sequences at once.
+// tokens, positions [B, T]: what each sequence feeds first, its real rows last (a sequence with
+// fewer rows, or none, is padded in front with rows at scratch positions past its data); ks [B]: the
+// tokens to draft per sequence (0: none). Every step is one [B, rows] forward attending over cache
+// slots [0, window); a sequence done drafting feeds token 0 at the scratch slot capacity - 1.
+// gumbel[b], when not empty ([ks[b], V] float32), races sequence b's draws at inverse temperature
+// inverse_temperatures[b] (see draft_pick). -> drafted [B, max ks] (-1 past a sequence's ks[b]).
+template <typename T>
+at::Tensor draft_batch_native(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& ks,
+                              int64_t window, int64_t vocab_limit, const at::Tensor& cos, const at::Tensor& signed_sin,
+                              at::TensorList keys, at::TensorList values, at::TensorList weights, int64_t n_layers,
+                              int64_t n_head, int64_t n_kv, int64_t head_dim, int64_t intermediate, int64_t vocab,
+                              double eps, const at::Tensor& head_ids, at::TensorList gumbel,
+                              at::ArrayRef<double> inverse_temperatures) {
+  const int64_t batch = tokens.size(0), capacity = keys[0].size(2);
+  TORCH_CHECK(tokens.dim() == 2 && positions.sizes() == tokens.sizes() && ks.numel() == batch &&
+              ks.scalar_type() == at::kLong && static_cast<int64_t>(gumbel.size()) == batch &&
+              static_cast<int64_t>(inverse_temperatures.size()) == batch && vocab_limit >= 1 && vocab_limit <= vocab &&
+              window >= 1 && window <= capacity, "draft_batch: tokens and positions [B, T], ks, gumbel and "
+              "inverse temperatures per sequence, a vocabulary limit, a window within the cache");
+  TORCH_CHECK(head_ids.numel() == 0 || (head_ids.numel() == vocab && head_ids.scalar_type() == at::kLong),
+              "draft_batch: head_ids maps each of the head's rows to a token id (int64)");
+  const at::Tensor k_per = ks.contiguous();
+  const auto* k = k_per.data_ptr<int64_t>();
+  const int64_t k_max = *std::max_element(k, k + batch);
+  std::vector<at::Tensor> noise(batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    TORCH_CHECK(gumbel[b].numel() == 0 || (gumbel[b].dim() == 2 && gumbel[b].size(0) == k[b] &&
+                                           gumbel[b].scalar_type() == at::kFloat),
+                "draft_batch: gumbel[b] holds ks[b] rows of float32 noise indexed by token id");
+    noise[b] = gumbel[b].contiguous();
+  }
+  const at::Tensor id_map = head_ids.contiguous();
+  const int64_t* row_token = head_ids.numel() ? id_map.data_ptr<int64_t>() : nullptr;
+  const auto ids = tokens.options();
+  at::Tensor drafted = at::full({batch, k_max}, -1, ids);
+  auto* out = drafted.data_ptr<int64_t>();
+  at::Tensor feed = tokens.contiguous(), at_positions = positions.contiguous();
+  const at::Tensor cache_slots = at::arange(window, ids).view({1, 1, window});
+  std::vector<int64_t> last_position(batch);
+  const auto* first_positions = at_positions.data_ptr<int64_t>();
+  for (int64_t b = 0; b < batch; ++b) last_position[b] = first_positions[(b + 1) * tokens.size(1) - 1];
+  for (int64_t i = 0; i < k_max; ++i) {
+    const at::Tensor mask = (cache_slots <= at_positions.unsqueeze(2)).contiguous();  // causal over the window
+    const at::Tensor logits = forward_native<T>(feed, at_positions, at_positions, mask, cos, signed_sin, keys, values,
+                                                weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, 1);
+    const T* rows = logits.data_ptr<T>();
+    at::Tensor next = at::zeros({batch, 1}, ids), next_positions = at::full({batch, 1}, capacity - 1, ids);
+    auto* next_token = next.data_ptr<int64_t>();
+    auto* next_position = next_positions.data_ptr<int64_t>();
+    bool feeding = false;
+    for (int64_t b = 0; b < batch; ++b) {
+      if (i >= k[b]) continue;
+      const float* g = noise[b].numel() ? noise[b].data_ptr<float>() + i * noise[b].size(1) : nullptr;
+      const int64_t best = draft_pick(rows + b * vocab, vocab_limit, row_token, g,
+                                      static_cast<float>(inverse_temperatures[b]));
+      out[b * k_max + i] = best;
+      if (i + 1 < k[b]) {
+        next_token[b] = best;
+        next_position[b] = ++last_position[b];
+        feeding = true;
+      }
+    }
+    if (!feeding) break;
+    feed = next;
+    at_positions = next_positions;
+  }
+  return drafted;
+}
+
+at::Tensor draft_batch(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& ks, int64_t window,
+                       int64_t vocab_limit, const at::Tensor& cos, const at::Tensor& signed_sin, at::TensorList keys,
+                       at::TensorList values, at::TensorList weights, int64_t n_layers, int64_t n_head, int64_t n_kv,
+                       int64_t head_dim, int64_t intermediate, int64_t vocab, double eps, const at::Tensor& head_ids,
+                       at::TensorList gumbel, at::ArrayRef<double> inverse_temperatures) {
+  return by_weight_dtype("draft_batch", weights[0], cos, [&](auto element) {
+    return draft_batch_native<decltype(element)>(tokens, positions, ks, window, vocab_limit, cos, signed_sin, keys,
+                                                 values, weights, n_layers, n_head, n_kv, head_dim, intermediate,
+                                                 vocab, eps, head_ids, gumbel, inverse_temperatures);
   });
 }
 
@@ -1199,6 +1289,10 @@ TORCH_LIBRARY(quickdraft, m) {
   m.def("draft_greedy(Tensor tokens, int start, int k, int vocab_limit, Tensor cos, Tensor signed_sin, "
         "Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, int n_kv, int head_dim, "
         "int intermediate, int vocab, float eps, Tensor head_ids, Tensor gumbel, float inverse_temperature) -> Tensor");
+  m.def("draft_batch(Tensor tokens, Tensor positions, Tensor ks, int window, int vocab_limit, Tensor cos, "
+        "Tensor signed_sin, Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, "
+        "int n_kv, int head_dim, int intermediate, int vocab, float eps, Tensor head_ids, Tensor[] gumbel, "
+        "float[] inverse_temperatures) -> Tensor");
   m.def("nucleus_keep(Tensor probs, float top_p, float margin) -> Tensor");
 }
 
@@ -1208,5 +1302,6 @@ TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
   m.impl("rms_norm_bf16", &rms_norm_bf16);
   m.impl("forward", &forward);
   m.impl("draft_greedy", &draft_greedy);
+  m.impl("draft_batch", &draft_batch);
   m.impl("nucleus_keep", &nucleus_keep);
 }

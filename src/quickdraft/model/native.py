@@ -116,3 +116,35 @@ class NativeForward:
             *self._cache_inputs(cache, 1, start + len(tokens) + k), self.weights, self.model.config.n_layer,
             *self.shape, self.eps, head_ids, gumbel, temperature)
         return drafted.tolist()
+
+    def draft_batch(self, feeds: list[tuple[list[int], int] | None], ks: list[int], vocab_limit: int, cache: KVCache,
+                    window: int, gumbel: list[torch.Tensor | None], temperatures: list[float],
+                    n_layers: int | None = None) -> list[list[int]]:
+        """``draft_greedy`` for the first B = len(feeds) entries of ``cache`` in one C++ call: entry b
+        feeds ``feeds[b]`` = (tokens, position of the first), or nothing (None), then drafts ks[b]
+        tokens, greedily or, with ``gumbel[b]`` [ks[b], V], raced at ``temperatures[b]``. Every
+        step is one [B, rows] forward attending over cache slots [0, window); rows that pad a
+        shorter feed, and sequences done drafting, write scratch slots at the end of their entry,
+        past any sequence's data. ``n_layers``: the first layers only (early exit)."""
+        head_ids = self.model.head_ids
+        if head_ids is not None:
+            vocab_limit = int(torch.searchsorted(head_ids, vocab_limit))
+        width = max(len(feed[0]) for feed in feeds if feed is not None)
+        scratch = cache.capacity - width
+        token_rows, position_rows = [], []
+        for feed, k in zip(feeds, ks):
+            tokens, start = feed if feed is not None else ([], scratch)
+            if k > 0 and not tokens:
+                raise ValueError("a sequence that drafts feeds at least its last token")
+            if tokens and start + len(tokens) + k - 1 > scratch:
+                raise ValueError(f"drafting {k} tokens after {start + len(tokens)} reaches the scratch slots "
+                                 f"at {scratch} of a cache of {cache.capacity}")
+            pad = width - len(tokens)
+            token_rows.append([0] * pad + tokens)
+            position_rows.append(list(range(scratch, scratch + pad)) + list(range(start, start + len(tokens))))
+        drafted = kernels.draft_batch(
+            torch.tensor(token_rows), torch.tensor(position_rows), ks, window, vocab_limit,
+            *self._cache_inputs(cache, len(feeds), cache.capacity), self.weights,
+            self.model.config.n_layer if n_layers is None else n_layers, *self.shape, self.eps, head_ids, gumbel,
+            temperatures)
+        return [row[:k] for row, k in zip(drafted.tolist(), ks)]
