@@ -11,7 +11,9 @@ from quickdraft import Engine, SamplingParams
 import quickdraft.batch.prefill as prefill_module
 from quickdraft.batch.drafters import DraftRequest, batch_drafter
 from quickdraft.batch.prefill import PrefillChunk, prefill_groups
-from quickdraft.batch.scheduler import BatchScheduler
+from quickdraft.batch.scheduler import COST_OUTLIER, BatchScheduler, decayed
+from quickdraft.engine import PROBE_EVERY
+from quickdraft.measured_arms import MeasuredArms
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.loader import load_model
 from quickdraft.randomness import sampler_for
@@ -260,7 +262,7 @@ def test_a_compiled_draft_drafts_a_lone_sequence_and_changes_no_output(checkpoin
 
 def test_the_clock_overrules_goodput_when_plain_steps_commit_more_per_second(engines, monkeypatch):
     scheduler = engines["related"].batch_scheduler(4)
-    monkeypatch.setattr(scheduler, "_goodput_gamma", lambda *args: 3)  # the model always says γ = 3
+    monkeypatch.setattr(scheduler, "_goodput_gamma", lambda *args: (3, 3))  # the model always says γ = 3
     for prompt in mixed_prompts(3):
         scheduler.submit(prompt, 200, SamplingParams(), "auto")
     chosen = []
@@ -273,6 +275,29 @@ def test_the_clock_overrules_goodput_when_plain_steps_commit_more_per_second(eng
         arms.seconds[arm] = arms.tokens[arm] / (3000.0 if arm == "plain" else 1000.0)
     assert chosen[:4] == [3, 3, 0, 0]  # each arm tried twice
     assert chosen[4:].count(0) >= 70 and 3 in chosen[4:]  # plain runs; goodput's γ is measured again now and then
+
+
+def test_goodput_drafts_now_and_then_when_its_costs_keep_it_plain(engines, monkeypatch):
+    scheduler = engines["related"].batch_scheduler(4)
+    monkeypatch.setattr(scheduler, "_goodput_gamma", lambda *args: (0, 2))  # plain is best, γ = 2 the best draft
+    monkeypatch.setattr(MeasuredArms, "choose", lambda self: "goodput")
+    for prompt in mixed_prompts(3):
+        scheduler.submit(prompt, 200, SamplingParams(), "auto")
+    chosen = []
+    for _ in range(3 * PROBE_EVERY):
+        scheduler.step()
+        chosen.append(scheduler.last_gamma)
+    assert chosen == ([0] * (PROBE_EVERY - 1) + [2]) * 3
+
+
+def test_one_slow_measurement_counts_as_a_few_times_the_estimate():
+    assert decayed(None, 0.007) == 0.007  # the first measurement sets it
+    assert decayed(0.0002, 0.007) == pytest.approx(0.8 * 0.0002 + 0.2 * COST_OUTLIER * 0.0002)
+    assert decayed(0.0002, 0.0003) == pytest.approx(0.8 * 0.0002 + 0.2 * 0.0003)
+    estimate = 0.0002
+    for _ in range(20):  # a machine that really got 5x slower is followed within a few steps
+        estimate = decayed(estimate, 0.001)
+    assert estimate == pytest.approx(0.001, rel=0.02)
 
 
 @pytest.mark.parametrize("drafter", ["related", "early-exit:1"])

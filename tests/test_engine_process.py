@@ -21,7 +21,7 @@ from hf_factory import make_hf_checkpoint  # noqa: E402
 from server_helpers import hang_up_after_first_token, metric, wait_for  # noqa: E402
 from tokenizer_factory import write_char_tokenizer  # noqa: E402
 
-from quickdraft import Engine  # noqa: E402
+from quickdraft import Engine, kernels  # noqa: E402
 from quickdraft.errors import ModelNotFoundError, QuickdraftError  # noqa: E402
 from quickdraft.model.loader import load_model  # noqa: E402
 from quickdraft.sampling import SamplingParams  # noqa: E402
@@ -99,7 +99,9 @@ def test_concurrent_requests_get_what_the_engine_gives_each_alone(target_dir):
         assert got == expected
         assert metric(srv.url, "generations_total", finish_reason="length") + metric(
             srv.url, "generations_total", finish_reason="stop") == len(expected)
-        assert httpx.get(srv.url + "/health").json()["running"] == 0
+        health = httpx.get(srv.url + "/health").json()
+        assert health["running"] == 0
+        assert health["kernels"] == process.info.kernels == kernels.loaded_isa()  # the engine process's build
     assert not process.process.is_alive(), "the engine process stops with the app"
 
 

@@ -20,7 +20,7 @@ from hf_factory import make_hf_checkpoint  # noqa: E402
 from server_helpers import hang_up_after_first_token, metric, wait_for  # noqa: E402
 from tokenizer_factory import write_char_tokenizer  # noqa: E402
 
-from quickdraft import Engine  # noqa: E402
+from quickdraft import Engine, kernels  # noqa: E402
 from quickdraft.model.loader import load_model  # noqa: E402
 from quickdraft.server.app import create_app  # noqa: E402
 from quickdraft.server.cli import BackgroundServer  # noqa: E402
@@ -233,6 +233,7 @@ def test_metrics_count_what_a_request_did(client, server):
 def test_health(server):
     body = httpx.get(server.url + "/health").json()
     assert body["status"] == "ok" and body["model"] == MODEL
+    assert body["kernels"] == kernels.loaded_isa()  # the engine runs in this process here
 
 
 # ---- bad input: OpenAI-shaped 4xx, never a 500 -------------------------------------------------
@@ -378,6 +379,22 @@ def test_a_sweep_report_says_when_no_kernel_build_loaded():
     machine = {"cpu": "Intel(R) Xeon(R)", "cpus": 2, "torch": "2.13.0+cpu"}
     assert machine_line({**machine, "kernels": "amx_bf16"}).endswith("quickdraft kernels: amx_bf16.")
     assert "kernels: none (torch products)" in machine_line({**machine, "kernels": None})
+
+
+def test_a_sweep_report_names_a_server_whose_engine_loaded_another_build():
+    from dataclasses import replace
+
+    from quickdraft.bench.load import HF_BATCHED, LoadReport, servers_kernels_line
+
+    report = LoadReport("m", False, None, 4, 15.0, 32, 10, 0, 0, {}, None, None, None, None, 320, 15.0, 21.3, None,
+                        None, None, server_kernels="amx_bf16")
+    same = [replace(report, config=c) for c in ("batched plain", "one at a time")]
+    hf = replace(report, config=HF_BATCHED, server_kernels=None)  # no server: not counted
+    assert servers_kernels_line([*same, hf]) == "Servers' engine kernels: amx_bf16 in every configuration."
+    fell_back = replace(report, config="batched speculative", server_kernels=None)
+    assert servers_kernels_line([*same, fell_back]) == (
+        "Servers' engine kernels differ: amx_bf16 in batched plain, one at a time; "
+        "none (torch products) in batched speculative.")
 
 
 def test_serve_is_a_quickdraft_subcommand():

@@ -43,7 +43,7 @@ from quickdraft.batch.prefill import PrefillChunk, grouping, prefill
 from quickdraft.batch.shapes import (MIN_WINDOW, all_shapes, invariant_shapes, row_bucket, slot_bucket, step_inputs,
                                      window_bucket)
 from quickdraft.drafters.base import Draft
-from quickdraft.engine import Engine, GammaController
+from quickdraft.engine import PROBE_EVERY, Engine, GammaController
 from quickdraft.errors import QuickdraftError
 from quickdraft.measured_arms import MeasuredArms
 from quickdraft.output import RequestOutput, StreamEvent
@@ -61,6 +61,10 @@ MIN_ALPHA = 0.15
 MIN_EVIDENCE = 12
 RETRY_EVERY = 16
 COST_DECAY = 0.8
+# A cost measurement counts at most this many times the running estimate: one slow step (a page
+# fault, another process) once measured a draft step at 7 ms against 0.2, and goodput, planning
+# with it, stopped drafting - so nothing re-measured it (1 client: 0.65x of the lone engine).
+COST_OUTLIER = 3.0
 DRAFT_COST_PRIOR = 0.3  # a draft step's cost relative to a plain target step, until measured
 # The arms of the clock's check on goodput: its γ, or plain batched decoding.
 GOODPUT, PLAIN = "goodput", "plain"
@@ -96,6 +100,14 @@ class BatchRequest:
     def alpha(self) -> float:
         c = self.controller
         return c.accepts / (c.accepts + c.rejects)
+
+
+def decayed(estimate: float | None, measured: float) -> float:
+    """A running cost estimate updated with a new measurement (the first one sets it), an
+    outlier counting as COST_OUTLIER times the estimate."""
+    if estimate is None:
+        return measured
+    return COST_DECAY * estimate + (1 - COST_DECAY) * min(measured, COST_OUTLIER * estimate)
 
 
 def weighs_draft(request: BatchRequest) -> bool:
@@ -145,6 +157,7 @@ class BatchScheduler:
         # bucket also measures goodput's steps against plain steps, and the faster runs.
         self._speculation_arms: dict[int, MeasuredArms] = {}
         self._arm: tuple[int, str] | None = None
+        self._plain_streak = 0  # consecutive steps goodput chose plain decoding while drafts were possible
         self.last_gamma = 0
         self.last_batch = 0
 
@@ -275,23 +288,30 @@ class BatchScheduler:
         fixed = [min(r.controller.fixed, c) if not r.controller.auto else None for r, c in zip(ready, caps)]
         auto = [(r, c) for r, c, f in zip(ready, caps, fixed) if f is None]
         longest = max(len(r.tokens) for r in ready)
-        gamma = self._goodput_gamma(auto, max((f for f in fixed if f is not None), default=0), longest) if auto else 0
+        gamma = 0
         self._arm = None
         if auto:
             bucket = slot_bucket(len(self.active), self.max_batch)
             arm = self._speculation_arms.setdefault(bucket, MeasuredArms((GOODPUT, PLAIN))).choose()
             self._arm = (bucket, str(arm))
-            if arm == PLAIN:
-                gamma = 0
+            if arm == GOODPUT:
+                gamma, drafting_gamma = self._goodput_gamma(auto, max((f for f in fixed if f is not None), default=0),
+                                                            longest)
+                # Goodput plans with costs that only drafting steps measure again: after PROBE_EVERY
+                # plain choices its best drafting γ runs once, as the lone engine's auto γ probes.
+                self._plain_streak = self._plain_streak + 1 if gamma == 0 and drafting_gamma else 0
+                if self._plain_streak >= PROBE_EVERY:
+                    gamma, self._plain_streak = drafting_gamma, 0
         self.last_gamma = gamma
         return [f if f is not None else min(gamma, c) for f, c in zip(fixed, caps)]
 
-    def _goodput_gamma(self, auto: list[tuple[BatchRequest, int]], fixed_max: int, longest: int) -> int:
-        """The γ that maximises the batch's expected committed tokens per second: each sequence
+    def _goodput_gamma(self, auto: list[tuple[BatchRequest, int]], fixed_max: int, longest: int) -> tuple[int, int]:
+        """The γ that maximises the batch's expected committed tokens per second, and the best γ >= 1
+        (0 when no sequence may draft): each sequence
         commits (1 − α^(γ+1)) / (1 − α) tokens in expectation; the step costs the measured [S, R]
         target forward plus γ measured draft steps. γ = 0 (plain batched decoding) wins when the
         batch is large enough that extra rows cost more than they bring."""
-        best, best_rate = 0, -1.0
+        best, best_rate, drafting, drafting_rate = 0, -1.0, 0, -1.0
         # Expected tokens grow by α^γ for each sequence whose cap allows γ: kept as running powers
         # (16 sequences × 9 γ of α ** (γ + 1) was ~5% of a 16-sequence step).
         alphas = [min(r.alpha, 0.999) for r, _ in auto]
@@ -311,13 +331,18 @@ class BatchScheduler:
                        + self._step_overhead.get(shape[0], 0.0) + sampled_rows * self._sampled_row_cost)
             if tokens / seconds > best_rate:
                 best, best_rate = gamma, tokens / seconds
-        return best
+            if gamma >= 1 and tokens / seconds > drafting_rate:
+                drafting, drafting_rate = gamma, tokens / seconds
+        return best, drafting
 
     def _target_seconds(self, shape: tuple[int, int, int]) -> float:
         """Seconds of a target step of this shape: measured once per (slots, rows) when first
         needed (on scratch positions: the end of every entry holds no sequence's data), then
         followed by the real steps' times. The window changes it less than rows do, and keying
-        by it would measure again every time the longest sequence crosses a power of two."""
+        by it would measure again every time the longest sequence crosses a power of two.
+
+        A shape is never planned as dearer than one with more rows: an estimate that one slow
+        step inflated is only measured again when its shape runs, which it then never would."""
         n_slots, rows, _ = shape
         key = (n_slots, rows)
         if key not in self._target_cost:
@@ -328,11 +353,11 @@ class BatchScheduler:
                 self.model.forward_batched(tokens, positions, self.cache.first(n_slots), window=MIN_WINDOW)
                 timings.append(time.perf_counter() - t0)
             self._target_cost[key] = min(timings)
-        return self._target_cost[key]
+        return min(cost for (s, r), cost in self._target_cost.items() if s == n_slots and r >= rows)
 
     def _observe_target(self, shape: tuple[int, int, int], seconds: float) -> None:
         key = shape[:2]
-        self._target_cost[key] = COST_DECAY * self._target_cost.get(key, seconds) + (1 - COST_DECAY) * seconds
+        self._target_cost[key] = decayed(self._target_cost.get(key), seconds)
 
     def _draft_seconds(self, n_slots: int, sampled: bool) -> float:
         if self.drafter is None or self.drafter.model_calls_per_token == 0:
@@ -344,7 +369,7 @@ class BatchScheduler:
         started = time.perf_counter()
         lengths = self._draft_lengths(ready)
         drafts = [Draft([], None)] * len(ready)
-        drafter_seconds = 0.0
+        drafter_seconds = catch_up_seconds = 0.0
         drafting = [(r, k) for r, k in zip(ready, lengths) if k > 0]
         if drafting and self.drafter is not None:
             t0 = time.perf_counter()
@@ -355,11 +380,11 @@ class BatchScheduler:
             by_slot = {r.slot: d for (r, _), d in zip(drafting, proposed)}
             drafts = [by_slot.get(r.slot, Draft([], None)) for r in ready]
             calls = max(d.forward_calls for d in proposed)
+            catch_up_seconds = sum(d.catch_up_seconds for d in proposed)
             if calls:  # a catch-up prefill is the cost of steps without drafts, not of drafting
-                per_call = (drafter_seconds - sum(d.catch_up_seconds for d in proposed)) / calls
+                per_call = (drafter_seconds - catch_up_seconds) / calls
                 key = (n_slots, any(weighs_draft(r) for r, _ in drafting))
-                old = self._draft_cost.get(key, per_call)
-                self._draft_cost[key] = COST_DECAY * old + (1 - COST_DECAY) * per_call
+                self._draft_cost[key] = decayed(self._draft_cost.get(key), per_call)
         shape = self._shape(1 + max(len(d.tokens) for d in drafts), max(len(r.tokens) + len(d.tokens)
                                                                         for r, d in zip(ready, drafts)))
         n_slots, rows, window = shape
@@ -378,7 +403,7 @@ class BatchScheduler:
         probability_seconds = time.perf_counter() - t0
         if sampled:
             per_row = probability_seconds / sum(row_logits[i].shape[0] for i in sampled)
-            self._sampled_row_cost = COST_DECAY * (self._sampled_row_cost or per_row) + (1 - COST_DECAY) * per_row
+            self._sampled_row_cost = decayed(self._sampled_row_cost or None, per_row)
         verdicts = verify_batch([d.tokens for d in drafts], [d.q for d in drafts], row_logits,
                                 [probs.get(i) for i in range(len(ready))], [r.sampling for r in ready],
                                 [r.sampler for r in ready], [len(r.tokens) for r in ready])
@@ -387,11 +412,15 @@ class BatchScheduler:
         for r in [r for r in ready if r.output.done]:  # after every commit: leaving moves other slots
             self._finish(r, events)
         if self._arm is not None:
+            # The draft's catch-up on tokens that plain steps committed is those steps' cost: charged
+            # to this step, it made a drafting step after plain ones look slow, so plain ran more
+            # (1 client: the batch 0.8x of the lone engine, which drafts at almost every step).
             bucket, arm = self._arm
-            self._speculation_arms[bucket].observe(arm, sum(n + 1 for n, _ in verdicts), time.perf_counter() - started)
+            arms = self._speculation_arms[bucket]
+            arms.observe(arm, sum(n + 1 for n, _ in verdicts), time.perf_counter() - started - catch_up_seconds)
+            arms.charge(PLAIN, catch_up_seconds)
         overhead = time.perf_counter() - started - target_seconds - drafter_seconds - probability_seconds
-        old = self._step_overhead.get(n_slots, overhead)
-        self._step_overhead[n_slots] = COST_DECAY * old + (1 - COST_DECAY) * overhead
+        self._step_overhead[n_slots] = decayed(self._step_overhead.get(n_slots), overhead)
 
     def _commit(self, r: BatchRequest, draft: Draft, n: int, nxt: int, target_seconds: float, drafter_seconds: float,
                 events: list[tuple[BatchRequest, StreamEvent]]) -> None:

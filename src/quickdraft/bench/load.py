@@ -77,6 +77,7 @@ class LoadReport:
     acceptance_rate: float | None = None  # over the whole run, from the server's counters
     mean_accepted_length: float | None = None  # tokens per target forward
     machine: dict[str, Any] = field(default_factory=dict)
+    server_kernels: str | None = None  # the kernel build the server's engine loaded (its /health)
 
     def lines(self) -> list[str]:
         mib = lambda b: "n/a" if b is None else f"{b / 2**20:.0f} MiB"  # noqa: E731
@@ -97,6 +98,7 @@ class LoadReport:
             f"forward",
             f"server RSS: {mib(self.server_rss_after_warmup_bytes)} after warm-up, {mib(self.server_rss_end_bytes)} "
             f"at the end, peak {mib(self.server_peak_rss_bytes)}",
+            f"server's engine kernels: {self.server_kernels or 'none (torch products)'}",
         ] + ([f"errors: {self.errors}"] if self.errors else [])
 
 
@@ -256,6 +258,11 @@ class ServerProcess:
     def peak_rss(self) -> int | None:
         return _tree_status(self.proc.pid, "VmHWM") if self.proc else None
 
+    def health(self) -> dict[str, Any]:
+        import httpx
+
+        return httpx.get(self.url + "/health", timeout=30).json()
+
     def counters(self) -> dict[str, float]:
         """The server's unlabelled Prometheus counters (quickdraft_num_draft_tokens_total ...)."""
         import httpx
@@ -403,6 +410,7 @@ def run_load(clients: int = 32, duration_s: float = 60.0, max_tokens: int = 32, 
             rss_end = server.rss()
             peak = max([server.peak_rss() or 0, rss_end or 0, *samples]) or None
             counters = server.counters()
+            server_kernels = server.health().get("kernels")
     ok = [r for r in records if r.ok]
     errors: dict[str, int] = {}
     for r in records:
@@ -418,7 +426,7 @@ def run_load(clients: int = 32, duration_s: float = 60.0, max_tokens: int = 32, 
         latency_p50_s=percentile(totals, 50), latency_p99_s=percentile(totals, 99), generated_tokens=tokens,
         wall_s=wall, tokens_per_s=tokens / wall if wall > 0 else 0.0, server_rss_after_warmup_bytes=rss_warm,
         server_rss_end_bytes=rss_end, server_peak_rss_bytes=peak, machine=_machine(), config=config,
-        acceptance_rate=(counters.get("num_accepted_tokens_total", 0) / counters["num_draft_tokens_total"]
+        server_kernels=server_kernels, acceptance_rate=(counters.get("num_accepted_tokens_total", 0) / counters["num_draft_tokens_total"]
                          if counters.get("num_draft_tokens_total") else None),
         mean_accepted_length=(counters.get("generation_tokens_total", 0) / counters["num_target_calls_total"]
                               if counters.get("num_target_calls_total") else None),
@@ -497,7 +505,8 @@ def run_sweep(levels: list[int], duration_s: float, max_tokens: int, target: str
             reports.append(hf)
     out.mkdir(parents=True, exist_ok=True)
     (out / "load_sweep.json").write_text(json.dumps([asdict(r) for r in reports], indent=2))
-    (out / "load_sweep.md").write_text("\n".join([machine_line(reports[0].machine), "", *sweep_table(reports)]) + "\n")
+    (out / "load_sweep.md").write_text("\n".join([machine_line(reports[0].machine), servers_kernels_line(reports), "",
+                                                  *sweep_table(reports)]) + "\n")
     _plot_sweep(reports, out / "load_sweep.png")
     return reports
 
@@ -507,6 +516,19 @@ def machine_line(machine: dict[str, Any]) -> str:
     that failed leaves every engine on torch's products: 2-3x slower, with only a log line)."""
     return (f"Machine: {machine.get('cpu')}, {machine.get('cpus')} CPUs, torch {machine.get('torch')}, "
             f"quickdraft kernels: {machine.get('kernels') or 'none (torch products)'}.")
+
+
+def servers_kernels_line(reports: list[LoadReport]) -> str:
+    """Which kernel build each configuration's server loaded (its /health): a server that fell back
+    to torch's products would be 2-3x slower than the others and say so only in its own log."""
+    builds: dict[str, set[str]] = {}
+    for r in reports:
+        if r.config != HF_BATCHED:
+            builds.setdefault(r.server_kernels or "none (torch products)", set()).add(r.config)
+    if len(builds) == 1:
+        return f"Servers' engine kernels: {next(iter(builds))} in every configuration."
+    return "Servers' engine kernels differ: " + "; ".join(
+        f"{build} in {', '.join(sorted(configs))}" for build, configs in sorted(builds.items())) + "."
 
 
 def sweep_table(reports: list[LoadReport]) -> list[str]:

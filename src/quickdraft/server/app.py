@@ -222,6 +222,7 @@ def create_app(
     queue = RequestQueue(max_queue)
     worker = (ProcessWorker(engine, queue, metrics) if isinstance(engine, EngineProcess)
               else EngineWorker(engine, queue, metrics, max_batch))
+    kernel_build = engine.info.kernels if isinstance(engine, EngineProcess) else EngineInfo.of(engine).kernels
     engine = engine_info(engine)
     state = ServerState(engine, model_name, queue, worker, metrics, request_timeout_s)
     metrics.gauge("queue_depth", lambda: len(queue))
@@ -288,7 +289,8 @@ def create_app(
 
     @app.get("/health", response_model=Health)
     async def health() -> Health:
-        return Health(model=model_name, queued=len(queue), running=worker.running, max_queue=queue.max_queue)
+        return Health(model=model_name, queued=len(queue), running=worker.running, max_queue=queue.max_queue,
+                      kernels=kernel_build)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus_metrics() -> PlainTextResponse:

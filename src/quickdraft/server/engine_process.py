@@ -66,11 +66,15 @@ class EngineInfo:
     context_length: int
     max_gamma: int
     drafter: DrafterInfo | None
+    kernels: str | None = None  # the kernel build the engine's process loaded (kernels.loaded_isa)
 
     @classmethod
     def of(cls, engine: Engine) -> EngineInfo:
+        from quickdraft import kernels  # here in the engine's process: the HTTP one never imports torch
+
         drafter = DrafterInfo(engine.drafter.name) if engine.drafter is not None else None
-        return cls(engine.tokenizer, engine.vocab_limit, engine.context_length, engine.max_gamma, drafter)
+        return cls(engine.tokenizer, engine.vocab_limit, engine.context_length, engine.max_gamma, drafter,
+                   kernels.loaded_isa())
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         return encode_prompt(self.tokenizer, self.vocab_limit, prompt)

@@ -214,3 +214,5 @@ class Health(BaseModel):
     queued: int
     running: int
     max_queue: int
+    kernels: str | None = Field(None, description="the build of quickdraft's CPU kernels the engine's process "
+                                "loaded (amx_bf16, avx512_bf16, avx2); null: torch's own products, 2-3x slower")
