@@ -284,10 +284,11 @@ def test_goodput_drafts_now_and_then_when_its_costs_keep_it_plain(engines, monke
     for prompt in mixed_prompts(3):
         scheduler.submit(prompt, 200, SamplingParams(), "auto")
     chosen = []
-    for _ in range(3 * PROBE_EVERY):
+    for _ in range(7 * PROBE_EVERY):
         scheduler.step()
         chosen.append(scheduler.last_gamma)
-    assert chosen == ([0] * (PROBE_EVERY - 1) + [2]) * 3
+    # each probe that leaves goodput plain doubles the wait for the next one
+    assert chosen == [0] * (PROBE_EVERY - 1) + [2] + [0] * (2 * PROBE_EVERY - 1) + [2] + [0] * (4 * PROBE_EVERY - 1) + [2]
 
 
 def test_one_slow_measurement_counts_as_a_few_times_the_estimate():

@@ -348,7 +348,7 @@ def test_a_coupled_sampled_draft_in_one_call_races_as_the_step_by_step_draft(che
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_a_lone_sequence_of_a_batch_drafts_in_one_call(checkpoints, temperature: float) -> None:
     """The batch scheduler's draft model drafts a lone sequence's chain in one native call (greedy,
-    or the coupled race), two sequences by batched steps; outputs stay plain decoding's."""
+    or the coupled race), several in one batched native call (draft_batch); outputs stay plain decoding's."""
     from quickdraft.engine import Engine
     from quickdraft.sampling import SamplingParams
 

@@ -65,6 +65,7 @@ COST_DECAY = 0.8
 # fault, another process) once measured a draft step at 7 ms against 0.2, and goodput, planning
 # with it, stopped drafting - so nothing re-measured it (1 client: 0.65x of the lone engine).
 COST_OUTLIER = 3.0
+MAX_PROBE_BACKOFF = 16
 DRAFT_COST_PRIOR = 0.3  # a draft step's cost relative to a plain target step, until measured
 # The arms of the clock's check on goodput: its γ, or plain batched decoding.
 GOODPUT, PLAIN = "goodput", "plain"
@@ -158,6 +159,7 @@ class BatchScheduler:
         self._speculation_arms: dict[int, MeasuredArms] = {}
         self._arm: tuple[int, str] | None = None
         self._plain_streak = 0  # consecutive steps goodput chose plain decoding while drafts were possible
+        self._probe_after = PROBE_EVERY  # plain choices before the next drafting probe (backs off)
         self.last_gamma = 0
         self.last_batch = 0
 
@@ -299,9 +301,15 @@ class BatchScheduler:
                                                             longest)
                 # Goodput plans with costs that only drafting steps measure again: after PROBE_EVERY
                 # plain choices its best drafting γ runs once, as the lone engine's auto γ probes.
-                self._plain_streak = self._plain_streak + 1 if gamma == 0 and drafting_gamma else 0
-                if self._plain_streak >= PROBE_EVERY:
-                    gamma, self._plain_streak = drafting_gamma, 0
+                # Each probe that leaves goodput plain doubles the wait (up to MAX_PROBE_BACKOFF x): a
+                # large batch, where plain is right, pays a probe's catch-up for every sequence.
+                if gamma == 0 and drafting_gamma:
+                    self._plain_streak += 1
+                    if self._plain_streak >= self._probe_after:
+                        gamma, self._plain_streak = drafting_gamma, 0
+                        self._probe_after = min(2 * self._probe_after, MAX_PROBE_BACKOFF * PROBE_EVERY)
+                else:
+                    self._plain_streak, self._probe_after = 0, PROBE_EVERY
         self.last_gamma = gamma
         return [f if f is not None else min(gamma, c) for f, c in zip(fixed, caps)]
 

@@ -70,6 +70,7 @@ struct Simd {
   }
   static V round_bf16(V v) { return _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(v)); }
   static float sum(V v) { return _mm512_reduce_add_ps(v); }
+  static float top(V v) { return _mm512_reduce_max_ps(v); }
   static V round_nearest(V v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   static V scale2(V p, V n) { return _mm512_scalef_ps(p, n); }  // p * 2^n
   // Column j of the kLanes x kLanes block r (lane j of every r[i]) to out + j * kLanes, for j < count:
@@ -164,6 +165,12 @@ struct Simd {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static float top(V v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
   static V round_nearest(V v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
@@ -1051,25 +1058,53 @@ at::Tensor forward(const at::Tensor& tokens, const at::Tensor& positions, const 
 // g (indexed by token id) the Gumbel-max race, the first maximum of logit * scale + g (a sample of
 // softmax(logit * scale), the coupled rule's draw when g = -log E of the position's noise). row_token,
 // when not null, maps a subset head's rows to token ids; the token id is returned.
+// Vectorised (a scalar scan was a fifth of a 16-sequence batched draft): each block of kPickBlock
+// tokens' maximum, then the first token reaching the row's maximum inside the first block that
+// holds it. Every score is computed by the same vector ops in both passes (a multiply, then an add,
+// as torch computes the race), so the two passes agree bit for bit.
+constexpr int64_t kPickBlock = 16 * kLanes;
+
 template <typename T>
 int64_t draft_pick(const T* logits, int64_t vocab_limit, const int64_t* row_token, const float* g, float scale) {
-  int64_t best = 0;
-  if (g) {
-    auto score = [&](int64_t v) { return static_cast<float>(logits[v]) * scale + g[row_token ? row_token[v] : v]; };
-    float top = score(0);
-    for (int64_t v = 1; v < vocab_limit; ++v)
-      if (const float s = score(v); s > top) {
-        top = s;
-        best = v;
-      }
-  } else {
-    float top = static_cast<float>(logits[0]);
-    for (int64_t v = 1; v < vocab_limit; ++v)
-      if (static_cast<float>(logits[v]) > top) {
-        top = static_cast<float>(logits[v]);
-        best = v;
+  const V scale_v = Simd::set1(scale);
+  auto scores = [&](int64_t v, int64_t n) {  // the scores of tokens [v, v + n), n <= kLanes (lanes past n: 0)
+    const V x = Simd::load(logits + v, n);
+    if (!g) return x;
+    if (!row_token) return Simd::add(Simd::mul(x, scale_v), Simd::load(g + v, n));
+    alignas(64) float noise[kLanes] = {};
+    for (int64_t l = 0; l < n; ++l) noise[l] = g[row_token[v + l]];
+    return Simd::add(Simd::mul(x, scale_v), Simd::load(noise));
+  };
+  const int64_t whole = vocab_limit / kLanes * kLanes;
+  float top = -INFINITY;
+  int64_t top_block = 0;  // the first block whose maximum is the row's maximum so far
+  for (int64_t b = 0; b < whole; b += kPickBlock) {
+    V m = Simd::set1(-INFINITY);
+    for (int64_t v = b; v < std::min(b + kPickBlock, whole); v += kLanes) m = Simd::max(m, scores(v, kLanes));
+    if (const float block_top = Simd::top(m); block_top > top) {
+      top = block_top;
+      top_block = b;
+    }
+  }
+  alignas(64) float lanes[kLanes];
+  int64_t best = -1;
+  if (whole < vocab_limit) {  // the last tokens, fewer than a vector: after every block, so only a greater score wins
+    Simd::store(lanes, scores(whole, vocab_limit - whole));
+    for (int64_t l = 0; l < vocab_limit - whole; ++l)
+      if (lanes[l] > top || (whole == 0 && l == 0)) {
+        top = lanes[l];
+        best = whole + l;
       }
   }
+  for (int64_t v = top_block; best < 0 && v < std::min(top_block + kPickBlock, whole); v += kLanes) {
+    Simd::store(lanes, scores(v, kLanes));
+    for (int64_t l = 0; l < kLanes; ++l)
+      if (lanes[l] == top) {
+        best = v + l;
+        break;
+      }
+  }
+  if (best < 0) best = 0;  // every score -inf (or NaN): the scalar scan's answer
   return row_token ? row_token[best] : best;
 }
 
