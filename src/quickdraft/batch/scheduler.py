@@ -66,6 +66,12 @@ COST_DECAY = 0.8
 # with it, stopped drafting - so nothing re-measured it (1 client: 0.65x of the lone engine).
 COST_OUTLIER = 3.0
 MAX_PROBE_BACKOFF = 16
+# A new request's acceptance estimate starts from what this scheduler measured on earlier requests
+# of its kind (greedy, coupled or rejection-rule sampling), worth PRIOR_WEIGHT observations: the
+# controller's fixed prior (2/3) was most of a short request's life (32-token requests: goodput
+# planned with it for most of their steps, and chose plain decoding for a third of them).
+PRIOR_WEIGHT = 3.0
+POPULATION_DECAY = 0.99
 DRAFT_COST_PRIOR = 0.3  # a draft step's cost relative to a plain target step, until measured
 # The arms of the clock's check on goodput: its γ, or plain batched decoding.
 GOODPUT, PLAIN = "goodput", "plain"
@@ -109,6 +115,11 @@ def decayed(estimate: float | None, measured: float) -> float:
     if estimate is None:
         return measured
     return COST_DECAY * estimate + (1 - COST_DECAY) * min(measured, COST_OUTLIER * estimate)
+
+
+def acceptance_kind(sampling: SamplingParams, sampler: TokenSampler) -> tuple[bool, bool]:
+    """Requests whose drafts are accepted alike: greedy, coupled sampling, rejection sampling."""
+    return sampling.greedy, sampler.coupled
 
 
 def weighs_draft(request: BatchRequest) -> bool:
@@ -157,6 +168,7 @@ class BatchScheduler:
         # γ = 1-2 where plain decoding committed 1.25-1.35x more tokens per second. So each slot
         # bucket also measures goodput's steps against plain steps, and the faster runs.
         self._speculation_arms: dict[int, MeasuredArms] = {}
+        self._acceptance_by_kind: dict[tuple[bool, bool], list[float]] = {}  # kind -> decayed [accepts, rejects]
         self._arm: tuple[int, str] | None = None
         self._plain_streak = 0  # consecutive steps goodput chose plain decoding while drafts were possible
         self._probe_after = PROBE_EVERY  # plain choices before the next drafting probe (backs off)
@@ -197,6 +209,10 @@ class BatchScheduler:
                                 drafter=drafter.name if drafter is not None else None)
         output = RequestOutput(engine.decode, stop, engine.eos_token_ids, max_new_tokens, prompt_ids, stats)
         sampler = sampler_for(sampling)
+        population = self._acceptance_by_kind.get(acceptance_kind(sampling, sampler))
+        if population is not None and sum(population) > 0:
+            alpha = population[0] / sum(population)
+            controller.accepts, controller.rejects = PRIOR_WEIGHT * alpha, PRIOR_WEIGHT * (1 - alpha)
         request = BatchRequest(prompt_ids, max_new_tokens, sampling, output, controller, sampler, cancelled,
                                tokens=list(prompt_ids))
         self.waiting.append(request)
@@ -442,6 +458,10 @@ class BatchScheduler:
         r.steps += 1
         r.drafted_total += len(draft.tokens)
         r.controller.observe(len(draft.tokens), n, None, None)
+        if draft.tokens:
+            population = self._acceptance_by_kind.setdefault(acceptance_kind(r.sampling, r.sampler), [0.0, 0.0])
+            population[0] = POPULATION_DECAY * population[0] + n
+            population[1] = POPULATION_DECAY * population[1] + (n < len(draft.tokens))
         stats = r.stats
         stats.record_step(len(draft.tokens), n)
         stats.target_seconds += target_seconds
