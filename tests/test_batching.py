@@ -291,6 +291,23 @@ def test_goodput_drafts_now_and_then_when_its_costs_keep_it_plain(engines, monke
     assert chosen == [0] * (PROBE_EVERY - 1) + [2] + [0] * (2 * PROBE_EVERY - 1) + [2] + [0] * (4 * PROBE_EVERY - 1) + [2]
 
 
+def test_a_new_request_starts_from_the_acceptance_measured_on_earlier_ones_of_its_kind(engines):
+    scheduler = engines["related"].batch_scheduler(4)
+    scheduler._acceptance_by_kind.clear()
+    first = scheduler.submit(mixed_prompts(1)[0], 40, SamplingParams(), 4)
+    assert first.alpha == pytest.approx(2 / 3)  # nothing measured yet: the controller's prior
+    while not scheduler.idle:
+        scheduler.step()
+    accepts, rejects = scheduler._acceptance_by_kind[(True, False)]  # greedy requests
+    assert first.stats.num_drafts > 0 and accepts + rejects > 0
+    greedy = scheduler.submit(mixed_prompts(2)[1], 40, SamplingParams(), 4)
+    assert greedy.alpha == pytest.approx(accepts / (accepts + rejects)) != pytest.approx(2 / 3)
+    sampled = scheduler.submit(mixed_prompts(2)[1], 40, SamplingParams(temperature=0.8, seed=1), 4)
+    assert sampled.alpha == pytest.approx(2 / 3)  # another kind: not measured yet
+    for request in (greedy, sampled):
+        scheduler.cancel(request)
+
+
 def test_one_slow_measurement_counts_as_a_few_times_the_estimate():
     assert decayed(None, 0.007) == 0.007  # the first measurement sets it
     assert decayed(0.0002, 0.007) == pytest.approx(0.8 * 0.0002 + 0.2 * COST_OUTLIER * 0.0002)
