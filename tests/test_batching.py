@@ -262,25 +262,39 @@ def test_a_compiled_draft_drafts_a_lone_sequence_and_changes_no_output(checkpoin
 
 def test_the_clock_overrules_goodput_when_plain_steps_commit_more_per_second(engines, monkeypatch):
     scheduler = engines["related"].batch_scheduler(4)
-    monkeypatch.setattr(scheduler, "_goodput_gamma", lambda *args: (3, 3))  # the model always says γ = 3
+    # the model always says γ = 3, at 1.5x plain's tokens per second
+    monkeypatch.setattr(scheduler, "_goodput_rates", lambda *args: [1000.0, 1200.0, 1300.0, 1500.0])
     for prompt in mixed_prompts(3):
         scheduler.submit(prompt, 200, SamplingParams(), "auto")
     chosen = []
     for _ in range(80):
         scheduler.step()  # the first prefills the three prompts, then decodes
         chosen.append(scheduler.last_gamma)
-        bucket, arm = scheduler._arm
+        bucket, arm, predicted = scheduler._arm
+        assert predicted == (1500.0 if arm == "goodput" else 1000.0)
         arms = scheduler._speculation_arms[bucket]
-        # what the clock says, whatever this tiny model measured: plain commits 3x faster
-        arms.seconds[arm] = arms.tokens[arm] / (3000.0 if arm == "plain" else 1000.0)
+        # what the clock says, whatever this tiny model measured: plain steps commit 3x what goodput
+        # predicted for them, drafting steps what it predicted (so plain is 2x faster)
+        arms.seconds[arm] = arms.tokens[arm] / (3.0 if arm == "plain" else 1.0)
     assert chosen[:4] == [3, 3, 0, 0]  # each arm tried twice
     assert chosen[4:].count(0) >= 70 and 3 in chosen[4:]  # plain runs; goodput's γ is measured again now and then
 
 
+def test_the_clock_weighs_each_arm_by_goodputs_prediction_for_this_batch():
+    arms = MeasuredArms(("goodput", "plain"), first_tries=1)
+    arms.observe("goodput", 1.0, 1.0)  # both arms' steps ran as goodput predicted (efficiency 1)
+    arms.observe("plain", 2.0, 2.0)
+    assert arms.choose({"goodput": 1500.0, "plain": 1000.0}) == "goodput"
+    assert arms.choose({"goodput": 900.0, "plain": 1000.0}) == "plain"
+    arms.observe("goodput", 0.0, 3.0)  # drafting steps that committed nothing: efficiency 1 / 4
+    assert arms.choose({"goodput": 1500.0, "plain": 1000.0}) == "plain"
+
+
 def test_goodput_drafts_now_and_then_when_its_costs_keep_it_plain(engines, monkeypatch):
     scheduler = engines["related"].batch_scheduler(4)
-    monkeypatch.setattr(scheduler, "_goodput_gamma", lambda *args: (0, 2))  # plain is best, γ = 2 the best draft
-    monkeypatch.setattr(MeasuredArms, "choose", lambda self: "goodput")
+    # plain is best, γ = 2 the best draft
+    monkeypatch.setattr(scheduler, "_goodput_rates", lambda *args: [1000.0, 500.0, 800.0, 600.0])
+    monkeypatch.setattr(MeasuredArms, "choose", lambda self, weights=None: "goodput")
     for prompt in mixed_prompts(3):
         scheduler.submit(prompt, 200, SamplingParams(), "auto")
     chosen = []

@@ -7,7 +7,8 @@ The engine alone on the embedded pair (bf16, 1 thread), ``--clients`` requests o
 running (a finished one is replaced at once), greedy, seeded T = 0.8 / top-p 0.95, or half each as
 in the load test. Prints tokens/s, how many steps ran at each (running sequences, γ), the
 scheduler's measured costs (target step per [slots, rows], draft step, the step's Python) and, per
-slot bucket, the tokens per second its steps at goodput's γ and its plain steps committed.
+slot bucket, how many tokens its steps at goodput's γ and its plain steps committed against what
+goodput predicted for them (the clock's efficiency).
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ def main() -> None:
     print("target step ms per (slots, rows):", ms(scheduler._target_cost))
     print("draft step ms per (slots, drafts with q):", ms(scheduler._draft_cost), "step Python ms:",
           ms(scheduler._step_overhead))
-    print("committed tokens/s per slot bucket:",
-          {bucket: {arm: round(arms.rate(arm)) for arm in arms.arms} for bucket, arms in scheduler._speculation_arms.items()})
+    print("the clock's efficiency (committed / goodput's predicted tokens) per slot bucket:",
+          {bucket: {arm: round(arms.rate(arm), 2) for arm in arms.arms}
+           for bucket, arms in scheduler._speculation_arms.items()})
 
 
 if __name__ == "__main__":

@@ -23,14 +23,15 @@ class MeasuredArms:
         self.last_tried = {arm: -1 for arm in self.arms}
         self.steps = 0
 
-    def choose(self) -> Hashable:
-        """The arm for the next step."""
+    def choose(self, weights: dict[Hashable, float] | None = None) -> Hashable:
+        """The arm for the next step: the best ``rate`` x ``weights[arm]`` (a caller whose arms
+        report their efficiency against a model weighs each by the model's prediction)."""
         untried = [arm for arm in self.arms if self.tries[arm] < self.first_tries]
         if untried:
             return untried[0]
         if self.steps % self.explore_every == self.explore_every - 1:
             return min(self.arms, key=lambda arm: self.last_tried[arm])
-        return max(self.arms, key=self.rate)
+        return max(self.arms, key=lambda arm: self.rate(arm) * (weights[arm] if weights else 1.0))
 
     def rate(self, arm: Hashable) -> float:
         """Tokens per second of ``arm``'s recent steps."""

@@ -169,7 +169,7 @@ class BatchScheduler:
         # bucket also measures goodput's steps against plain steps, and the faster runs.
         self._speculation_arms: dict[int, MeasuredArms] = {}
         self._acceptance_by_kind: dict[tuple[bool, bool], list[float]] = {}  # kind -> decayed [accepts, rejects]
-        self._arm: tuple[int, str] | None = None
+        self._arm: tuple[int, str, float] | None = None  # (slot bucket, arm, goodput's predicted tokens/s)
         self._plain_streak = 0  # consecutive steps goodput chose plain decoding while drafts were possible
         self._probe_after = PROBE_EVERY  # plain choices before the next drafting probe (backs off)
         self.last_gamma = 0
@@ -309,33 +309,41 @@ class BatchScheduler:
         gamma = 0
         self._arm = None
         if auto:
+            rates = self._goodput_rates(auto, max((f for f in fixed if f is not None), default=0), longest)
+            gamma = max(range(len(rates)), key=rates.__getitem__)
+            drafting_gamma = max(range(1, len(rates)), key=rates.__getitem__, default=0)
+            # Goodput plans with costs that only drafting steps measure again: after PROBE_EVERY
+            # plain choices its best drafting γ runs once, as the lone engine's auto γ probes.
+            # Each probe that leaves goodput plain doubles the wait (up to MAX_PROBE_BACKOFF x): a
+            # large batch, where plain is right, pays a probe's catch-up for every sequence.
+            probe = False
+            if gamma == 0 and drafting_gamma:
+                self._plain_streak += 1
+                if self._plain_streak >= self._probe_after:
+                    gamma, probe, self._plain_streak = drafting_gamma, True, 0
+                    self._probe_after = min(2 * self._probe_after, MAX_PROBE_BACKOFF * PROBE_EVERY)
+            else:
+                self._plain_streak, self._probe_after = 0, PROBE_EVERY
             bucket = slot_bucket(len(self.active), self.max_batch)
-            arm = self._speculation_arms.setdefault(bucket, MeasuredArms((GOODPUT, PLAIN))).choose()
-            self._arm = (bucket, str(arm))
-            if arm == GOODPUT:
-                gamma, drafting_gamma = self._goodput_gamma(auto, max((f for f in fixed if f is not None), default=0),
-                                                            longest)
-                # Goodput plans with costs that only drafting steps measure again: after PROBE_EVERY
-                # plain choices its best drafting γ runs once, as the lone engine's auto γ probes.
-                # Each probe that leaves goodput plain doubles the wait (up to MAX_PROBE_BACKOFF x): a
-                # large batch, where plain is right, pays a probe's catch-up for every sequence.
-                if gamma == 0 and drafting_gamma:
-                    self._plain_streak += 1
-                    if self._plain_streak >= self._probe_after:
-                        gamma, self._plain_streak = drafting_gamma, 0
-                        self._probe_after = min(2 * self._probe_after, MAX_PROBE_BACKOFF * PROBE_EVERY)
-                else:
-                    self._plain_streak, self._probe_after = 0, PROBE_EVERY
+            arms = self._speculation_arms.setdefault(bucket, MeasuredArms((GOODPUT, PLAIN)))
+            # The clock measures how far each arm's steps beat or miss goodput's own prediction for
+            # them (its efficiency), and the arms are weighed by prediction x efficiency: raw rates
+            # measured at different times compare different batches (1 client: a greedy request's
+            # plain steps against a sampled one's drafting steps), and chose plain 20% of the time.
+            arm = GOODPUT if probe else arms.choose({GOODPUT: rates[gamma], PLAIN: rates[0]})
+            if arm == PLAIN:
+                gamma = 0
+            self._arm = (bucket, str(arm), rates[gamma])
         self.last_gamma = gamma
         return [f if f is not None else min(gamma, c) for f, c in zip(fixed, caps)]
 
-    def _goodput_gamma(self, auto: list[tuple[BatchRequest, int]], fixed_max: int, longest: int) -> tuple[int, int]:
-        """The γ that maximises the batch's expected committed tokens per second, and the best γ >= 1
-        (0 when no sequence may draft): each sequence
+    def _goodput_rates(self, auto: list[tuple[BatchRequest, int]], fixed_max: int, longest: int) -> list[float]:
+        """The batch's expected committed tokens per second at each γ from 0 to the largest cap
+        (goodput picks the best): each sequence
         commits (1 − α^(γ+1)) / (1 − α) tokens in expectation; the step costs the measured [S, R]
         target forward plus γ measured draft steps. γ = 0 (plain batched decoding) wins when the
         batch is large enough that extra rows cost more than they bring."""
-        best, best_rate, drafting, drafting_rate = 0, -1.0, 0, -1.0
+        rates = []
         # Expected tokens grow by α^γ for each sequence whose cap allows γ: kept as running powers
         # (16 sequences × 9 γ of α ** (γ + 1) was ~5% of a 16-sequence step).
         alphas = [min(r.alpha, 0.999) for r, _ in auto]
@@ -353,11 +361,8 @@ class BatchScheduler:
             shape = self._shape(1 + max(gamma, fixed_max), longest + max(gamma, fixed_max))
             seconds = (self._target_seconds(shape) + gamma * self._draft_seconds(shape[0], weighing)
                        + self._step_overhead.get(shape[0], 0.0) + sampled_rows * self._sampled_row_cost)
-            if tokens / seconds > best_rate:
-                best, best_rate = gamma, tokens / seconds
-            if gamma >= 1 and tokens / seconds > drafting_rate:
-                drafting, drafting_rate = gamma, tokens / seconds
-        return best, drafting
+            rates.append(tokens / seconds)
+        return rates
 
     def _target_seconds(self, shape: tuple[int, int, int]) -> float:
         """Seconds of a target step of this shape: measured once per (slots, rows) when first
@@ -439,9 +444,10 @@ class BatchScheduler:
             # The draft's catch-up on tokens that plain steps committed is those steps' cost: charged
             # to this step, it made a drafting step after plain ones look slow, so plain ran more
             # (1 client: the batch 0.8x of the lone engine, which drafts at almost every step).
-            bucket, arm = self._arm
+            bucket, arm, predicted_rate = self._arm
             arms = self._speculation_arms[bucket]
-            arms.observe(arm, sum(n + 1 for n, _ in verdicts), time.perf_counter() - started - catch_up_seconds)
+            committed = sum(n + 1 for n, _ in verdicts)  # observed as the seconds goodput predicted for them
+            arms.observe(arm, committed / predicted_rate, time.perf_counter() - started - catch_up_seconds)
             arms.charge(PLAIN, catch_up_seconds)
         overhead = time.perf_counter() - started - target_seconds - drafter_seconds - probability_seconds
         self._step_overhead[n_slots] = decayed(self._step_overhead.get(n_slots), overhead)
