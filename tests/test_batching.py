@@ -295,14 +295,25 @@ def test_goodput_drafts_now_and_then_when_its_costs_keep_it_plain(engines, monke
     # plain is best, γ = 2 the best draft
     monkeypatch.setattr(scheduler, "_goodput_rates", lambda *args: [1000.0, 500.0, 800.0, 600.0])
     monkeypatch.setattr(MeasuredArms, "choose", lambda self, weights=None: "goodput")
-    for prompt in mixed_prompts(3):
-        scheduler.submit(prompt, 200, SamplingParams(), "auto")
+    scheduler._plain_streak, scheduler._probe_after = 0, PROBE_EVERY
+    requests = [scheduler.submit(prompt, 200, SamplingParams(), "auto") for prompt in mixed_prompts(3)]
     chosen = []
     for _ in range(7 * PROBE_EVERY):
         scheduler.step()
         chosen.append(scheduler.last_gamma)
     # each probe that leaves goodput plain doubles the wait for the next one
     assert chosen == [0] * (PROBE_EVERY - 1) + [2] + [0] * (2 * PROBE_EVERY - 1) + [2] + [0] * (4 * PROBE_EVERY - 1) + [2]
+    # a draft predicted far below plain (0.6x) is not worth a probe
+    monkeypatch.setattr(scheduler, "_goodput_rates", lambda *args: [1000.0, 500.0, 600.0, 400.0])
+    scheduler._plain_streak, scheduler._probe_after = 0, PROBE_EVERY
+    chosen.clear()
+    for _ in range(2 * PROBE_EVERY):
+        scheduler.step()
+        chosen.append(scheduler.last_gamma)
+    assert chosen == [0] * (2 * PROBE_EVERY)
+    for request in requests:
+        scheduler.cancel(request)
+    scheduler.step()
 
 
 def test_a_new_request_starts_from_the_acceptance_measured_on_earlier_ones_of_its_kind(engines):

@@ -66,6 +66,9 @@ COST_DECAY = 0.8
 # with it, stopped drafting - so nothing re-measured it (1 client: 0.65x of the lone engine).
 COST_OUTLIER = 3.0
 MAX_PROBE_BACKOFF = 16
+# Only a drafting γ that goodput predicts within this fraction of plain's rate is probed: farther off,
+# estimates capped at COST_OUTLIER x cannot be what hides a gain (32 sequences: probes cost 1.6%).
+PROBE_WITHIN = 0.75
 # A new request's acceptance estimate starts from what this scheduler measured on earlier requests
 # of its kind (greedy, coupled or rejection-rule sampling), worth PRIOR_WEIGHT observations: the
 # controller's fixed prior (2/3) was most of a short request's life (32-token requests: goodput
@@ -154,6 +157,7 @@ class BatchScheduler:
         self.waiting: deque[BatchRequest] = deque()
         self.active: list[BatchRequest] = []  # active[i].slot == i
         self._target_cost: dict[tuple[int, int], float] = {}  # (slots, rows) -> seconds
+        self._planned_cost: dict[tuple[int, int], float] = {}  # the same, never dearer than more rows
         # (slots, any sequence drafting with q) -> seconds per draft step: the rejection rule's drafts add their
         # probabilities and draws, several times a greedy draft step's cost
         self._draft_cost: dict[tuple[int, bool], float] = {}
@@ -317,7 +321,7 @@ class BatchScheduler:
             # Each probe that leaves goodput plain doubles the wait (up to MAX_PROBE_BACKOFF x): a
             # large batch, where plain is right, pays a probe's catch-up for every sequence.
             probe = False
-            if gamma == 0 and drafting_gamma:
+            if gamma == 0 and drafting_gamma and rates[drafting_gamma] >= PROBE_WITHIN * rates[0]:
                 self._plain_streak += 1
                 if self._plain_streak >= self._probe_after:
                     gamma, probe, self._plain_streak = drafting_gamma, True, 0
@@ -330,7 +334,12 @@ class BatchScheduler:
             # them (its efficiency), and the arms are weighed by prediction x efficiency: raw rates
             # measured at different times compare different batches (1 client: a greedy request's
             # plain steps against a sampled one's drafting steps), and chose plain 20% of the time.
-            arm = GOODPUT if probe else arms.choose({GOODPUT: rates[gamma], PLAIN: rates[0]})
+            # A step goodput itself plans plain is a plain step: it counts for the plain arm, so the
+            # drafting arm's efficiency is its drafting steps' alone.
+            if gamma == 0:
+                arm = PLAIN
+            else:
+                arm = GOODPUT if probe else arms.choose({GOODPUT: rates[gamma], PLAIN: rates[0]})
             if arm == PLAIN:
                 gamma = 0
             self._arm = (bucket, str(arm), rates[gamma])
@@ -338,8 +347,9 @@ class BatchScheduler:
         return [f if f is not None else min(gamma, c) for f, c in zip(fixed, caps)]
 
     def _goodput_rates(self, auto: list[tuple[BatchRequest, int]], fixed_max: int, longest: int) -> list[float]:
-        """The batch's expected committed tokens per second at each γ from 0 to the largest cap
-        (goodput picks the best): each sequence
+        """The batch's expected committed tokens per second at each γ from 0 up (goodput picks the
+        best), until the largest cap or the rate has fallen two γ in a row past its best (the
+        curve has one peak; 32 sequences x 9 γ cost ~0.25 ms a step): each sequence
         commits (1 − α^(γ+1)) / (1 − α) tokens in expectation; the step costs the measured [S, R]
         target forward plus γ measured draft steps. γ = 0 (plain batched decoding) wins when the
         batch is large enough that extra rows cost more than they bring."""
@@ -362,6 +372,8 @@ class BatchScheduler:
             seconds = (self._target_seconds(shape) + gamma * self._draft_seconds(shape[0], weighing)
                        + self._step_overhead.get(shape[0], 0.0) + sampled_rows * self._sampled_row_cost)
             rates.append(tokens / seconds)
+            if gamma >= 2 and rates[-1] < rates[-2] < rates[-3]:
+                break
         return rates
 
     def _target_seconds(self, shape: tuple[int, int, int]) -> float:
@@ -382,11 +394,17 @@ class BatchScheduler:
                 self.model.forward_batched(tokens, positions, self.cache.first(n_slots), window=MIN_WINDOW)
                 timings.append(time.perf_counter() - t0)
             self._target_cost[key] = min(timings)
-        return min(cost for (s, r), cost in self._target_cost.items() if s == n_slots and r >= rows)
+            self._planned_cost.clear()
+        if key not in self._planned_cost:  # once per step and slot count: goodput asks for every γ
+            for (s, r), cost in self._target_cost.items():
+                if s == n_slots and r >= rows:
+                    self._planned_cost[key] = min(cost, self._planned_cost.get(key, cost))
+        return self._planned_cost[key]
 
     def _observe_target(self, shape: tuple[int, int, int], seconds: float) -> None:
         key = shape[:2]
         self._target_cost[key] = decayed(self._target_cost.get(key), seconds)
+        self._planned_cost.clear()
 
     def _draft_seconds(self, n_slots: int, sampled: bool) -> float:
         if self.drafter is None or self.drafter.model_calls_per_token == 0:
