@@ -37,10 +37,6 @@ class MeasuredArms:
         """Tokens per second of ``arm``'s recent steps."""
         return self.tokens[arm] / self.seconds[arm] if self.seconds[arm] > 0 else 0.0
 
-    def charge(self, arm: Hashable, seconds: float) -> None:
-        """Time spent elsewhere because of ``arm``'s past steps (not a step of its own)."""
-        self.seconds[arm] += seconds
-
     def observe(self, arm: Hashable, tokens: int, seconds: float) -> None:
         self.tokens[arm] = self.decay * self.tokens[arm] + tokens
         self.seconds[arm] = self.decay * self.seconds[arm] + seconds

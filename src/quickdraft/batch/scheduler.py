@@ -459,14 +459,14 @@ class BatchScheduler:
         for r in [r for r in ready if r.output.done]:  # after every commit: leaving moves other slots
             self._finish(r, events)
         if self._arm is not None:
-            # The draft's catch-up on tokens that plain steps committed is those steps' cost: charged
-            # to this step, it made a drafting step after plain ones look slow, so plain ran more
-            # (1 client: the batch 0.8x of the lone engine, which drafts at almost every step).
+            # The draft's catch-up on tokens that plain steps committed is the cost of switching
+            # between the arms, not of either's steps: in this step's time, it made drafting after
+            # plain steps look slow, so plain ran more (1 client: 0.8x of the lone engine, which
+            # drafts at almost every step); charged to plain, it made plain look slow at 32 sequences.
             bucket, arm, predicted_rate = self._arm
             arms = self._speculation_arms[bucket]
             committed = sum(n + 1 for n, _ in verdicts)  # observed as the seconds goodput predicted for them
             arms.observe(arm, committed / predicted_rate, time.perf_counter() - started - catch_up_seconds)
-            arms.charge(PLAIN, catch_up_seconds)
         overhead = time.perf_counter() - started - target_seconds - drafter_seconds - probability_seconds
         self._step_overhead[n_slots] = decayed(self._step_overhead.get(n_slots), overhead)
 
