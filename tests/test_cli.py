@@ -148,3 +148,18 @@ def test_generate_with_the_shipped_self_draft_matches_plain_decoding(capsys):
     plain = run_json(capsys, "generate", "--no-draft", "--prompt", "def f(x):", "--max-new-tokens", "24", "--json")
     assert out["stats"]["drafter"] == "self-draft" and out["stats"]["drafted"] > 0
     assert out["token_ids"] == plain["token_ids"]
+
+
+def test_generate_does_not_import_the_compiler():
+    """`quickdraft generate` compiles nothing by default: building the engine and decoding must not
+    import torch._dynamo (~0.8 s of its start-up; the loader's meta-device models and the unused
+    compiled-step wrappers used to)."""
+    import subprocess
+    import sys
+
+    script = ("import sys; from quickdraft.cli import main; "
+              "main(['generate', '--prompt', 'def f(x):', '--max-new-tokens', '8']); "
+              "print('DYNAMO', 'torch._dynamo' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "DYNAMO False"

@@ -49,10 +49,22 @@ def static_capacity(needed: int) -> int:
     return capacity
 
 
-# A graph per (rows, capacity) of one code object: dynamo's default of 8 graphs per code object
-# would silently drop the rest to eager.
-if getattr(torch._dynamo.config, "recompile_limit", 0) < 64:
-    torch._dynamo.config.recompile_limit = 64
+def _compiled(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``torch.compile`` of one of a model's forwards, a graph per shape (dynamo's default of 8
+    graphs per code object would silently drop the rest to eager), made at its first call:
+    touching ``torch._dynamo`` imports it, ~0.8 s of every ``quickdraft generate``, whose steps
+    run natively and compile nothing by default."""
+    compiled: Callable[..., torch.Tensor] | None = None
+
+    def call(*args: object) -> torch.Tensor:
+        nonlocal compiled
+        if compiled is None:
+            if getattr(torch._dynamo.config, "recompile_limit", 0) < 64:
+                torch._dynamo.config.recompile_limit = 64
+            compiled = torch.compile(function, dynamic=False, fullgraph=True)
+        return compiled(*args)
+
+    return call
 
 
 def _own_forward_static(model: Transformer, function: Callable[..., torch.Tensor] = Transformer.forward_static,
@@ -78,7 +90,7 @@ class CompiledSteps:
     def __init__(self, model: Transformer, *, enabled: bool, row_buckets: tuple[int, ...] = (1, 2)) -> None:
         self.model = model
         self.row_buckets = tuple(sorted(row_buckets))
-        self._compiled = torch.compile(_own_forward_static(model), dynamic=False, fullgraph=True) if enabled else None
+        self._compiled = _compiled(_own_forward_static(model)) if enabled else None
         self._built: set[tuple[int, int]] = set()  # (rows, capacity) of the graphs built so far
         self.row_seconds: dict[int, float] = {}  # a call's time per row bucket, measured by prepare()
         self.agreement: dict[int, bool] = {}  # rows_agree per capacity
@@ -208,8 +220,7 @@ class CompiledTreeSteps:
     def __init__(self, model: Transformer, rows: int, options: dict | None = None) -> None:
         self.model, self.rows = model, rows
         self.options = TREE_INDUCTOR_OPTIONS if options is None else options
-        self._compiled = torch.compile(_own_forward_static(model, Transformer.forward_static_tree), dynamic=False,
-                                       fullgraph=True)
+        self._compiled = _compiled(_own_forward_static(model, Transformer.forward_static_tree))
         self._built: set[int] = set()  # capacities
 
     @property
