@@ -170,7 +170,7 @@ class _ModelDrafter(BatchDrafter):
             if not r.sampling.greedy:
                 gumbel[r.slot] = r.sampler.gumbel(len(r.tokens), r.k, self.vocab_limit)  # type: ignore[attr-defined]
                 temperatures[r.slot] = r.sampling.temperature
-        needed = max(start + len(rows) + r.k for r, (rows, start) in zip(active, first.values()))
+        needed = max(first[r.slot][1] + len(first[r.slot][0]) + r.k for r in active)
         drafted = model.native.draft_batch([first.get(slot) for slot in range(n_slots)], ks, self.vocab_limit, cache,
                                            window_bucket(needed, self.capacity), gumbel, temperatures, n_layers)
         by_slot = {r.slot: drafted[r.slot] for r in active}

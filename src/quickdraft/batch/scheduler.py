@@ -315,9 +315,8 @@ class BatchScheduler:
         if auto:
             rates = self._goodput_rates(auto, max((f for f in fixed if f is not None), default=0), longest)
             gamma = max(range(len(rates)), key=rates.__getitem__)
-            probe = self._probe_due(gamma, rates)
-            if probe:
-                gamma = max(range(1, len(rates)), key=rates.__getitem__)
+            probe = self._probe(gamma, rates)
+            gamma = probe or gamma
             bucket = slot_bucket(len(self.active), self.max_batch)
             arms = self._speculation_arms.setdefault(bucket, MeasuredArms((GOODPUT, PLAIN)))
             # The clock measures how far each arm's steps beat or miss goodput's own prediction for
@@ -336,22 +335,22 @@ class BatchScheduler:
         self.last_gamma = gamma
         return [f if f is not None else min(gamma, c) for f, c in zip(fixed, caps)]
 
-    def _probe_due(self, gamma: int, rates: list[float]) -> bool:
-        """Whether goodput's best drafting γ should run this step although goodput chose ``gamma``.
-        Goodput plans with costs that only drafting steps measure again: after PROBE_EVERY plain
+    def _probe(self, gamma: int, rates: list[float]) -> int:
+        """Goodput's best drafting γ when it should run this step although goodput chose ``gamma``,
+        else 0. Goodput plans with costs that only drafting steps measure again: after PROBE_EVERY plain
         choices its best drafting γ runs once, as the lone engine's auto γ probes. Each probe that
         leaves goodput plain doubles the wait (up to MAX_PROBE_BACKOFF x): a large batch, where plain
         is right, pays a probe's catch-up for every sequence."""
-        drafting = max(rates[1:], default=0.0)
-        if gamma != 0 or drafting < PROBE_WITHIN * rates[0]:
+        drafting = max(range(1, len(rates)), key=rates.__getitem__, default=0)
+        if gamma != 0 or not drafting or rates[drafting] < PROBE_WITHIN * rates[0]:
             self._plain_streak, self._probe_after = 0, PROBE_EVERY
-            return False
+            return 0
         self._plain_streak += 1
         if self._plain_streak < self._probe_after:
-            return False
+            return 0
         self._plain_streak = 0
         self._probe_after = min(2 * self._probe_after, MAX_PROBE_BACKOFF * PROBE_EVERY)
-        return True
+        return drafting
 
     def _goodput_rates(self, auto: list[tuple[BatchRequest, int]], fixed_max: int, longest: int) -> list[float]:
         """The batch's expected committed tokens per second at each γ from 0 up (goodput picks the

@@ -426,7 +426,8 @@ def run_load(clients: int = 32, duration_s: float = 60.0, max_tokens: int = 32, 
         latency_p50_s=percentile(totals, 50), latency_p99_s=percentile(totals, 99), generated_tokens=tokens,
         wall_s=wall, tokens_per_s=tokens / wall if wall > 0 else 0.0, server_rss_after_warmup_bytes=rss_warm,
         server_rss_end_bytes=rss_end, server_peak_rss_bytes=peak, machine=_machine(), config=config,
-        server_kernels=server_kernels, acceptance_rate=(counters.get("num_accepted_tokens_total", 0) / counters["num_draft_tokens_total"]
+        server_kernels=server_kernels,
+        acceptance_rate=(counters.get("num_accepted_tokens_total", 0) / counters["num_draft_tokens_total"]
                          if counters.get("num_draft_tokens_total") else None),
         mean_accepted_length=(counters.get("generation_tokens_total", 0) / counters["num_target_calls_total"]
                               if counters.get("num_target_calls_total") else None),

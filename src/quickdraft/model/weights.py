@@ -17,7 +17,7 @@ from safetensors import SafetensorError, safe_open
 
 from quickdraft.errors import ModelFormatError, ModelNotFoundError
 from quickdraft.model.config import ModelConfig
-from quickdraft.model.transformer import Transformer, rope_inverse_frequencies
+from quickdraft.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ def load_transformer(
     model.load_state_dict(state, strict=False, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight
-    model.inv_freq = rope_inverse_frequencies(config).to(device)
+    model.inv_freq = model.inv_freq.to(device)  # computed on the CPU when the model was built
     return model.eval().requires_grad_(False)
 
 
