@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from scipy.stats import chisquare
 
 from quickdraft import kernels, sampling
-from quickdraft.sampling import SamplingParams, probabilities
+from quickdraft.sampling import SamplingParams, coupled_race, nucleus_kept, probabilities, tempered_probabilities
 
 
 @pytest.fixture(params=["python", "native"])
@@ -85,3 +86,34 @@ def test_a_peaked_row_sorts_a_few_tokens_not_the_vocabulary(monkeypatch, python_
     sorted_sizes.clear()
     probabilities(logits[12:16], SamplingParams(temperature=1.0, top_p=0.95))  # flat: most of the row
     assert min(sorted_sizes) > 4096
+
+
+@pytest.mark.parametrize("vocab", [8192, 12])
+@pytest.mark.parametrize("params", PARAMS + [SamplingParams(temperature=0.9)])
+def test_the_coupled_race_is_the_race_over_the_nucleus(params, vocab):
+    """coupled_race (native where the kernels build: the whole row's winner checked against the
+    nucleus) gives the token of the plain definition, the first maximum of nucleus_kept(p) / E, on
+    rows of every kind, ties straddling the cut included, for many noise draws."""
+    logits = rows_of_every_kind(vocab)
+    tempered = tempered_probabilities(logits, params)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(25):
+        noise = torch.empty_like(tempered).exponential_(generator=generator)
+        kept = tempered if params.top_p >= 1.0 else nucleus_kept(tempered, params.top_p)
+        assert torch.equal(coupled_race(tempered, noise, params.top_p), (kept / noise).argmax(-1))
+
+
+def test_the_coupled_race_draws_from_the_renormalised_nucleus():
+    """Chi-square: the race's tokens over many noise draws follow probabilities() (temperature, top-k
+    and top-p, renormalised), and no token past the nucleus is ever drawn."""
+    logits = torch.tensor([[2.0, 1.5, 1.0, 0.5, 0.0, -1.0, -3.0, -9.0]])
+    for params in (SamplingParams(temperature=0.8, top_p=0.8), SamplingParams(temperature=1.2, top_k=5, top_p=0.9)):
+        p = probabilities(logits, params)[0]
+        n = 20_000
+        noise = torch.empty(n, 8).exponential_(generator=torch.Generator().manual_seed(3))
+        tokens = coupled_race(tempered_probabilities(logits, params).expand(n, -1).contiguous(), noise, params.top_p)
+        counts = torch.bincount(tokens, minlength=8).double()
+        support = p > 0
+        assert counts[~support].sum() == 0
+        expected = p[support].double() / p[support].double().sum() * n
+        assert chisquare(counts[support].numpy(), expected.numpy()).pvalue > 0.001

@@ -21,7 +21,7 @@ from quickdraft.randomness import sampler_for
 from quickdraft.sampling import GREEDY, SamplingParams, probabilities
 from quickdraft.tree import ROOT, TokenTree, tree_attention_mask
 from quickdraft.tree_budget import CHAIN, TreeBudgetController
-from quickdraft.verify import verify_tree
+from quickdraft.verify import target_probabilities, verify_tree
 from test_sampling_exact import ALPHA, chi_square_p
 
 VOCAB = 12
@@ -114,7 +114,8 @@ def tree_decode(params: SamplingParams, shape: TreeShape, seed: int, n_tokens: i
         tree, _ = grow_tree(DRAFT[tokens[-1]], lambda t, nodes: DRAFT[[t.tokens[i] for i in nodes]], shape,
                             sampling, sampler, len(tokens))
         logits = torch.stack([TARGET[tokens[-1]], *(TARGET[t] for t in tree.tokens)])
-        path, nxt = verify_tree(tree, logits, probabilities(logits, sampling), sampling, sampler, len(tokens))
+        path, nxt = verify_tree(tree, logits, target_probabilities(logits, sampling, sampler), sampling, sampler,
+                                len(tokens))
         tokens += [tree.tokens[i] for i in path] + [nxt]
         sampler.forget_before(len(tokens))
     return tokens[1 : n_tokens + 1]

@@ -22,11 +22,11 @@ from quickdraft.model.loader import LoadedModel, default_draft_dtype, load_model
 from quickdraft.model.tokenizer import decode_ids, encode_prompt
 from quickdraft.output import GenerationResult, RequestOutput, StreamEvent
 from quickdraft.randomness import TokenSampler, sampler_for
-from quickdraft.sampling import GREEDY, SamplingParams, probabilities
+from quickdraft.sampling import GREEDY, SamplingParams
 from quickdraft.stats import GenerationStats
 from quickdraft.tree import TokenTree, run_tree, tree_attention_mask, tree_rows
 from quickdraft.tree_budget import TreePlan
-from quickdraft.verify import verify_step, verify_tree
+from quickdraft.verify import target_probabilities, verify_step, verify_tree
 
 log = logging.getLogger(__name__)
 
@@ -398,7 +398,7 @@ class Engine:
             drafter_seconds = steps / draft.forward_calls if draft.forward_calls else None
         t0 = time.perf_counter()
         logits = self._target_forward([tokens[-1], *draft.tokens], cache, pad_to=rows)
-        p = None if sampling.greedy else probabilities(logits, sampling)
+        p = target_probabilities(logits, sampling, sampler)
         n, nxt = verify_step(draft.tokens, draft.q, logits, p, sampling, sampler, len(tokens))
         target_seconds = time.perf_counter() - t0
         stats.target_seconds += target_seconds
@@ -424,7 +424,7 @@ class Engine:
         stats.drafter_calls += tree.forward_calls
         t0 = time.perf_counter()
         logits = self._tree_forward(tokens[-1], len(tokens) - 1, tree, cache, pad_to=self._pad_rows)
-        p = None if sampling.greedy else probabilities(logits, sampling)
+        p = target_probabilities(logits, sampling, sampler)
         path, nxt = verify_tree(tree, logits, p, sampling, sampler, len(tokens))
         prefix = len(tokens)  # slots [0, prefix) hold the committed tokens, the root last; node i is at prefix + i
         cache.compact([prefix + i for i in path], prefix)

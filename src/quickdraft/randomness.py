@@ -42,7 +42,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from quickdraft.sampling import SamplingParams, inverse_cdf, sample
+from quickdraft.sampling import SamplingParams, coupled_race, inverse_cdf, sample
 
 _MASK64 = (1 << 64) - 1
 
@@ -84,10 +84,6 @@ class TokenSampler(ABC):
     def draw(self, probs: torch.Tensor, position: int) -> int:
         """One token from ``probs`` [vocab] for sequence position ``position``."""
 
-    def draw_rows(self, probs: torch.Tensor, first_position: int) -> list[int]:
-        """A token per row of ``probs`` [rows, vocab]; row r is for ``first_position + r``."""
-        return [self.draw(row, first_position + r) for r, row in enumerate(probs)]
-
     def forget_before(self, position: int) -> None:
         """Positions before ``position`` are committed: nothing will be drawn for them again."""
 
@@ -110,8 +106,9 @@ class CoupledSampler(TokenSampler):
 
     coupled = True
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, top_p: float = 1.0) -> None:
         self.seed = seed
+        self.top_p = top_p  # the target's nucleus, which ``target_tokens`` cuts
         self._noise: dict[int, torch.Tensor] = {}
 
     def noise(self, position: int, vocab: int) -> torch.Tensor:
@@ -129,10 +126,12 @@ class CoupledSampler(TokenSampler):
         ``draw``, as Gumbel-max noise (argmax of log q + g) for a draft drawn inside a native call."""
         return torch.stack([self.noise(first_position + i, vocab) for i in range(k)]).log_().neg_()
 
-    def draw_rows(self, probs: torch.Tensor, first_position: int) -> list[int]:
-        vocab = probs.shape[-1]
-        noise = torch.stack([self.noise(first_position + r, vocab) for r in range(probs.shape[0])])
-        return (probs.float() / noise.to(probs.device)).argmax(-1).tolist()
+    def target_tokens(self, tempered: torch.Tensor, first_position: int) -> list[int]:
+        """The target's token for each row of ``tempered`` [rows, vocab] (``tempered_probabilities``:
+        before the nucleus, which the race cuts itself); row r is for ``first_position + r``."""
+        vocab = tempered.shape[-1]
+        noise = torch.stack([self.noise(first_position + r, vocab) for r in range(tempered.shape[0])])
+        return coupled_race(tempered, noise, self.top_p).tolist()
 
     def forget_before(self, position: int) -> None:
         for stale in [p for p in self._noise if p < position]:
@@ -158,8 +157,24 @@ def draw_batch(samplers: list[TokenSampler], probs: torch.Tensor, positions: lis
     return tokens
 
 
+def coupled_target_tokens(samplers: list[CoupledSampler], tempered: torch.Tensor, positions: list[int]) -> list[int]:
+    """``samplers[i].target_tokens(tempered[i:i + 1], positions[i])[0]`` for every row i, one race
+    per top-p among the samplers."""
+    tokens = [0] * len(samplers)
+    vocab = tempered.shape[-1]
+    by_top_p: dict[float, list[int]] = {}
+    for i, s in enumerate(samplers):
+        by_top_p.setdefault(s.top_p, []).append(i)
+    for top_p, members in by_top_p.items():
+        noise = torch.stack([samplers[i].noise(positions[i], vocab) for i in members])
+        rows = tempered if len(members) == len(samplers) else tempered[members]
+        for i, token in zip(members, coupled_race(rows, noise, top_p).tolist()):
+            tokens[i] = token
+    return tokens
+
+
 def sampler_for(sampling: SamplingParams) -> TokenSampler:
     """A request's sampler: the coupled rule's noise or a generator, from its seed (a fresh one
     when it gave none)."""
     seed = sampling.seed if sampling.seed is not None else fresh_seed()
-    return CoupledSampler(seed) if sampling.coupled else MultinomialSampler(seed)
+    return CoupledSampler(seed, sampling.top_p) if sampling.coupled else MultinomialSampler(seed)

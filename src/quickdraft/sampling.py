@@ -5,14 +5,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
 from quickdraft import kernels
 from quickdraft.sampling_params import GREEDY, SamplingParams
 
-__all__ = ["GREEDY", "SamplingParams", "greedy_tokens", "grouped_probabilities", "inverse_cdf", "probabilities",
-           "sample", "top_probability"]
+__all__ = ["GREEDY", "SamplingParams", "coupled_race", "greedy_tokens", "grouped_probabilities", "inverse_cdf",
+           "nucleus_kept", "probabilities", "sample", "tempered_probabilities", "top_probability"]
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
@@ -28,18 +29,24 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     Greedy params give the point mass on the argmax.
     """
     # Rows of an embedding padded beyond the tokenizer are sliced off by the caller (vocab_limit).
-    logits = logits.float()
     if params.greedy:
         return torch.nn.functional.one_hot(greedy_tokens(logits), logits.shape[-1]).float()
+    probs = tempered_probabilities(logits, params)
+    if params.top_p < 1.0:
+        probs = _nucleus(probs, params.top_p)
+    return probs
+
+
+def tempered_probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits [..., vocab] -> fp32 probabilities after temperature and top-k, before top-p: what
+    the coupled rule's race reads (``coupled_race``), and the first half of ``probabilities``."""
+    logits = logits.float()
     # Shift so the maximum is 0 before dividing: a tiny temperature then gives -inf, never inf - inf = NaN.
     logits = (logits - logits.max(dim=-1, keepdim=True).values) / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if params.top_p < 1.0:
-        probs = _nucleus(probs, params.top_p)
-    return probs
+    return torch.softmax(logits, dim=-1)
 
 
 NUCLEUS_MARGIN = 1e-5
@@ -58,14 +65,31 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted whole; so is every row of a small vocabulary, where one sort is the cheaper way (12
     tokens: 18 against 450 µs for 8 rows). Where quickdraft's CPU kernels run, one native call does
     the same (``kernels.nucleus_keep``): the ~25 tensor ops cost ~0.2 ms on a single row."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    if flat.dtype == torch.float32 and flat.device.type == "cpu" and kernels.available():
-        out = kernels.nucleus_keep(flat, top_p, NUCLEUS_MARGIN)  # the same cut in one native call
-    elif flat.shape[-1] <= SORT_WHOLE_UP_TO:
-        out = _kept_by_sorting(flat, top_p)
-    else:
-        out = _kept_by_exponent_cut(flat, top_p)
+    out = nucleus_kept(probs.reshape(-1, probs.shape[-1]), top_p)
     return (out / out.sum(-1, keepdim=True)).reshape(probs.shape)
+
+
+def nucleus_kept(flat: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Rows [rows, vocab] with the tokens past their top-p nucleus zeroed, not renormalised
+    (``_nucleus`` gives the definition)."""
+    if flat.dtype == torch.float32 and flat.device.type == "cpu" and kernels.available():
+        return kernels.nucleus_keep(flat, top_p, NUCLEUS_MARGIN)  # the same cut in one native call
+    if flat.shape[-1] <= SORT_WHOLE_UP_TO:
+        return _kept_by_sorting(flat, top_p)
+    return _kept_by_exponent_cut(flat, top_p)
+
+
+def coupled_race(tempered: torch.Tensor, noise: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The coupled rule's tokens [rows]: for each row of ``tempered`` [rows, vocab]
+    (``tempered_probabilities``) and its noise [rows, vocab] (Exp(1), ``randomness``), the first
+    token maximising p(v) / E(v) over the row's top-p nucleus. The nucleus is not renormalised: a
+    common factor moves no maximum (and a sum's bits would tie the race to one implementation).
+    Where quickdraft's kernels run, one native call that mostly skips building the nucleus: the
+    whole row's race winner is checked against it (~10x less than cutting and racing in torch)."""
+    noise = noise.to(tempered.device)
+    if tempered.dtype == torch.float32 and tempered.device.type == "cpu" and kernels.available():
+        return kernels.nucleus_race(tempered, noise, top_p, NUCLEUS_MARGIN)
+    return ((tempered if top_p >= 1.0 else nucleus_kept(tempered, top_p)) / noise).argmax(-1)
 
 
 def _kept_by_exponent_cut(flat: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -106,22 +130,25 @@ def _smallest_with_exponent(biased_exponent: int) -> float:
     return 0.0 if biased_exponent <= 0 else math.ldexp(1.0, biased_exponent - 127)
 
 
-def grouped_probabilities(logits: list[torch.Tensor], params: list[SamplingParams]) -> list[torch.Tensor]:
-    """``probabilities`` of many sequences at once: logits[i] ([vocab] or [rows, vocab]) under
-    params[i]. Sequences with the same temperature, top-k and top-p share one call (every step of a
-    batch has many); each row is computed by the same row-wise operations as alone."""
+def grouped_probabilities(logits: list[torch.Tensor], params: list[SamplingParams],
+                          of: Callable[[torch.Tensor, SamplingParams], torch.Tensor] = probabilities,
+                          ) -> list[torch.Tensor]:
+    """``of`` (``probabilities`` or ``tempered_probabilities``) for many sequences at once: logits[i]
+    ([vocab] or [rows, vocab]) under params[i]. Sequences with the same temperature, top-k and top-p
+    share one call (every step of a batch has many); each row is computed by the same row-wise
+    operations as alone."""
     out: list[torch.Tensor | None] = [None] * len(logits)
     groups: dict[tuple[float, int, float], list[int]] = {}
     for i, p in enumerate(params):
         groups.setdefault((p.temperature, p.top_k, p.top_p), []).append(i)
     for members in groups.values():
         if all(logits[i].dim() == 1 for i in members):  # a row each (a drafting step): stack, no reshapes
-            probs = probabilities(torch.stack([logits[i] for i in members]), params[members[0]]).unbind(0)
+            probs = of(torch.stack([logits[i] for i in members]), params[members[0]]).unbind(0)
             for i, q in zip(members, probs):
                 out[i] = q
             continue
         rows = [logits[i].reshape(-1, logits[i].shape[-1]) for i in members]
-        probs = probabilities(torch.cat(rows), params[members[0]]).split([r.shape[0] for r in rows])
+        probs = of(torch.cat(rows), params[members[0]]).split([r.shape[0] for r in rows])
         for i, q in zip(members, probs):
             out[i] = q.reshape(logits[i].shape)
     return out  # type: ignore[return-value]

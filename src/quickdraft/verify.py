@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from quickdraft.randomness import MultinomialSampler, TokenSampler, draw_batch
-from quickdraft.sampling import SamplingParams, greedy_tokens, inverse_cdf, sample
+from quickdraft.randomness import CoupledSampler, MultinomialSampler, TokenSampler, coupled_target_tokens
+from quickdraft.sampling import (SamplingParams, greedy_tokens, grouped_probabilities, inverse_cdf, probabilities,
+                                 sample, tempered_probabilities)
 from quickdraft.tree import ROOT, TokenTree
 
 
@@ -102,6 +103,28 @@ def verify_sampling_batch(
     return list(zip(first.tolist(), tokens.tolist()))
 
 
+def target_probabilities(logits: torch.Tensor, sampling: SamplingParams, sampler: TokenSampler) -> torch.Tensor | None:
+    """What verification reads of the target's rows ``logits`` [..., vocab]: nothing when greedy; the
+    coupled rule's ``tempered_probabilities`` (its race cuts the nucleus itself); rejection
+    sampling's ``probabilities``."""
+    if sampling.greedy:
+        return None
+    return tempered_probabilities(logits, sampling) if sampler.coupled else probabilities(logits, sampling)
+
+
+def grouped_target_probabilities(logits: list[torch.Tensor], samplings: list[SamplingParams],
+                                 samplers: list[TokenSampler]) -> list[torch.Tensor | None]:
+    """``target_probabilities`` of many sequences, one call per rule and sampling parameters."""
+    out: list[torch.Tensor | None] = [None] * len(logits)
+    for coupled, of in ((True, tempered_probabilities), (False, probabilities)):
+        members = [i for i, s in enumerate(samplings) if not s.greedy and samplers[i].coupled == coupled]
+        if members:
+            for i, p in zip(members, grouped_probabilities([logits[i] for i in members],
+                                                           [samplings[i] for i in members], of)):
+                out[i] = p
+    return out
+
+
 def verify_step(
     draft: list[int],
     q: torch.Tensor | None,
@@ -112,14 +135,14 @@ def verify_step(
     first_position: int,
 ) -> tuple[int, int]:
     """One step's verification under the request's rule. logits [γ + 1, vocab] are the target's
-    rows; p their probabilities under ``sampling`` (None when greedy); row r predicts sequence
+    rows; p what ``target_probabilities`` gives of them (None when greedy); row r predicts sequence
     position ``first_position + r``. Greedy: argmax; coupled: the target's own sampled tokens;
     otherwise rejection sampling. Returns (accepted count, next token)."""
     if sampling.greedy:
         return verify_greedy(draft, greedy_tokens(logits).tolist())
     assert p is not None
-    if sampler.coupled:
-        return verify_greedy(draft, sampler.draw_rows(p, first_position))
+    if isinstance(sampler, CoupledSampler):
+        return verify_greedy(draft, sampler.target_tokens(p, first_position))
     assert isinstance(sampler, MultinomialSampler)
     return verify_sampling(draft, q, p, sampler.generator)
 
@@ -153,7 +176,8 @@ def verify_batch(
     if coupled:
         row_samplers = [samplers[i] for i in coupled for _ in range(len(drafts[i]) + 1)]
         positions = [first_positions[i] + r for i in coupled for r in range(len(drafts[i]) + 1)]
-        walk(coupled, draw_batch(row_samplers, torch.cat([ps[i] for i in coupled]), positions))  # type: ignore[misc]
+        walk(coupled, coupled_target_tokens(row_samplers, torch.cat([ps[i] for i in coupled]),  # type: ignore[misc,arg-type]
+                                            positions))
     if rejection:
         results = verify_sampling_batch([drafts[i] for i in rejection], [qs[i] for i in rejection],
                                         [ps[i] for i in rejection],  # type: ignore[misc]
@@ -173,7 +197,7 @@ def verify_tree(
 ) -> tuple[list[int], int]:
     """One tree step's verification. logits [N + 1, vocab]: row 0 is the root's (it predicts
     position ``first_position``), row 1 + i node i's (position ``first_position + depths[i]``);
-    p their probabilities under ``sampling`` (None when greedy).
+    p what ``target_probabilities`` gives of them (None when greedy).
 
     Greedy and coupled: walk from the root to the child whose token is the target's own (argmax, or
     the coupled rule's sample at that position) while one exists, as ``verify_greedy`` does along a
@@ -202,8 +226,8 @@ def verify_tree(
             if sampling.greedy:
                 token = int(greedy_tokens(logits[row]))
             else:
-                assert p is not None
-                token = sampler.draw(p[row], position)
+                assert p is not None and isinstance(sampler, CoupledSampler)
+                token = sampler.target_tokens(p[row: row + 1], position)[0]
             nxt = next((kid for kid in kids if tree.tokens[kid] == token), None)
         else:
             assert p is not None and isinstance(sampler, MultinomialSampler)

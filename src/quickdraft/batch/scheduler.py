@@ -48,9 +48,9 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.measured_arms import MeasuredArms
 from quickdraft.output import RequestOutput, StreamEvent
 from quickdraft.randomness import TokenSampler, sampler_for
-from quickdraft.sampling import GREEDY, SamplingParams, grouped_probabilities
+from quickdraft.sampling import GREEDY, SamplingParams
 from quickdraft.stats import GenerationStats
-from quickdraft.verify import verify_batch
+from quickdraft.verify import grouped_target_probabilities, verify_batch
 
 log = logging.getLogger(__name__)
 
@@ -451,8 +451,9 @@ class BatchScheduler:
         row_logits = [logits[r.slot, : 1 + len(d.tokens), : self.engine.vocab_limit] for r, d in zip(ready, drafts)]
         sampled = [i for i, r in enumerate(ready) if not r.sampling.greedy]
         t0 = time.perf_counter()
-        probs = dict(zip(sampled, grouped_probabilities([row_logits[i] for i in sampled],
-                                                        [ready[i].sampling for i in sampled])))
+        probs = dict(zip(sampled, grouped_target_probabilities([row_logits[i] for i in sampled],
+                                                               [ready[i].sampling for i in sampled],
+                                                               [ready[i].sampler for i in sampled])))
         probability_seconds = time.perf_counter() - t0
         if sampled:
             per_row = probability_seconds / sum(row_logits[i].shape[0] for i in sampled)

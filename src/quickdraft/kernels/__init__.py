@@ -277,3 +277,10 @@ def nucleus_keep(probs: torch.Tensor, top_p: float, margin: float) -> torch.Tens
     """fp32 probability rows [rows, vocab] with the tokens past each row's top-p nucleus zeroed, not
     renormalised: ``sampling._nucleus``'s definition, bit for bit, in one call."""
     return torch.ops.quickdraft.nucleus_keep(probs, top_p, margin)
+
+
+def nucleus_race(probs: torch.Tensor, noise: torch.Tensor, top_p: float, margin: float) -> torch.Tensor:
+    """The coupled rule's token per row [rows] (int64): the first maximum of ``nucleus_keep(probs) /
+    noise``, bit for bit, mostly without building the nucleus (the whole row's race winner is checked
+    against it)."""
+    return torch.ops.quickdraft.nucleus_race(probs, noise, top_p, margin)

@@ -1260,56 +1260,137 @@ at::Tensor draft_batch(const at::Tensor& tokens, const at::Tensor& positions, co
 // than all of them, so they lead the full sort in the same order; a row whose candidates fall
 // short of the margin (rounding) is sorted whole. One call replaces ~25 tensor ops a call
 // (~0.2 ms on one row of the embedded target's 8,192 tokens).
-at::Tensor nucleus_keep(const at::Tensor& probs, double top_p, double margin) {
-  TORCH_CHECK(probs.dim() == 2 && probs.scalar_type() == at::kFloat, "nucleus_keep: float32 [rows, vocab]");
-  const at::Tensor x = probs.contiguous();
-  at::Tensor out = at::zeros_like(x);
-  const int64_t rows = x.size(0), vocab = x.size(1);
+// One row of nucleus_keep: kept[v] = p[v] for the nucleus' tokens, kept left as it was (zeros)
+// elsewhere. candidates is scratch space.
+void keep_nucleus_row(const float* p, int64_t vocab, double top_p, double margin, float* kept,
+                      std::vector<std::pair<float, int64_t>>& candidates) {
   const float cut = static_cast<float>(top_p);  // torch compares an fp32 tensor with top_p in fp32
-  const float* all = x.data_ptr<float>();
-  float* kept_all = out.data_ptr<float>();
-  std::vector<std::pair<float, int64_t>> candidates;
-  candidates.reserve(vocab);
   auto exponent = [](float value) {
     uint32_t bits;
     std::memcpy(&bits, &value, sizeof bits);
     return static_cast<int>((bits >> 23) & 0xff);
   };
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* p = all + r * vocab;
-    float* kept = kept_all + r * vocab;
-    double mass[256] = {};
-    for (int64_t v = 0; v < vocab; ++v) mass[exponent(p[v])] += p[v];
-    int floor = 0;
-    double above = 0.0;
-    for (int e = 255; e > 0; --e) {
-      above += mass[e];
-      if (above >= top_p + 2 * margin) {
-        floor = e;
-        break;
-      }
-    }
-    for (int pass = 0; pass < 2; ++pass) {
-      candidates.clear();
-      for (int64_t v = 0; v < vocab; ++v)
-        if (exponent(p[v]) >= floor) candidates.emplace_back(p[v], v);
-      std::sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) {
-        return a.first > b.first || (a.first == b.first && a.second < b.second);
-      });
-      double running = 0.0;
-      for (const auto& c : candidates) running += c.first;
-      if (floor == 0 || running >= top_p + margin) break;
-      floor = 0;  // rounding left the cut outside the candidates: every token is one
-    }
-    double running = 0.0;
-    for (size_t j = 0; j < candidates.size(); ++j) {
-      const float value = candidates[j].first;
-      running += value;
-      const float cumulative = static_cast<float>(running);
-      if (j == 0 || !(cumulative - value >= cut)) kept[candidates[j].second] = value;
+  double mass[256] = {};
+  for (int64_t v = 0; v < vocab; ++v) mass[exponent(p[v])] += p[v];
+  int floor = 0;
+  double above = 0.0;
+  for (int e = 255; e > 0; --e) {
+    above += mass[e];
+    if (above >= top_p + 2 * margin) {
+      floor = e;
+      break;
     }
   }
+  for (int pass = 0; pass < 2; ++pass) {
+    candidates.clear();
+    for (int64_t v = 0; v < vocab; ++v)
+      if (exponent(p[v]) >= floor) candidates.emplace_back(p[v], v);
+    std::sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    });
+    double running = 0.0;
+    for (const auto& c : candidates) running += c.first;
+    if (floor == 0 || running >= top_p + margin) break;
+    floor = 0;  // rounding left the cut outside the candidates: every token is one
+  }
+  double running = 0.0;
+  for (size_t j = 0; j < candidates.size(); ++j) {
+    const float value = candidates[j].first;
+    running += value;
+    const float cumulative = static_cast<float>(running);
+    if (j == 0 || !(cumulative - value >= cut)) kept[candidates[j].second] = value;
+  }
+}
+
+at::Tensor nucleus_keep(const at::Tensor& probs, double top_p, double margin) {
+  TORCH_CHECK(probs.dim() == 2 && probs.scalar_type() == at::kFloat, "nucleus_keep: float32 [rows, vocab]");
+  const at::Tensor x = probs.contiguous();
+  at::Tensor out = at::zeros_like(x);
+  const int64_t rows = x.size(0), vocab = x.size(1);
+  std::vector<std::pair<float, int64_t>> candidates;
+  candidates.reserve(vocab);
+  for (int64_t r = 0; r < rows; ++r)
+    keep_nucleus_row(x.data_ptr<float>() + r * vocab, vocab, top_p, margin, out.data_ptr<float>() + r * vocab,
+                     candidates);
   return out;
+}
+
+// The first v maximising p[v] / e[v] (IEEE divisions, as torch computes them; p >= 0, e > 0).
+// Vectorised as draft_pick: each block's maximum, then the first token reaching the row's maximum.
+int64_t first_max_ratio(const float* p, const float* e, int64_t n) {
+  auto scores = [&](int64_t v, int64_t count) {  // lanes past count: 0, below every score that can win
+    return Simd::first(Simd::div(Simd::load(p + v, count), Simd::load(e + v, count)), count);
+  };
+  float top = -INFINITY;
+  int64_t top_block = 0;
+  for (int64_t b = 0; b < n; b += kPickBlock) {
+    V m = Simd::set1(-INFINITY);
+    for (int64_t v = b; v < std::min(b + kPickBlock, n); v += kLanes) m = Simd::max(m, scores(v, std::min(kLanes, n - v)));
+    if (const float block_top = Simd::top(m); block_top > top) {
+      top = block_top;
+      top_block = b;
+    }
+  }
+  alignas(64) float lanes[kLanes];
+  for (int64_t v = top_block; v < std::min(top_block + kPickBlock, n); v += kLanes) {
+    const int64_t count = std::min(kLanes, n - v);
+    Simd::store(lanes, scores(v, count));
+    for (int64_t l = 0; l < count; ++l)
+      if (lanes[l] == top) return v + l;
+  }
+  return 0;  // every score NaN
+}
+
+// quickdraft::nucleus_race: the coupled rule's token for each row of probabilities [rows, vocab]
+// (fp32, after temperature and top-k, before the nucleus) with its position's noise [rows, vocab]
+// (Exp(1), > 0): the first token maximising kept[v] / noise[v], where kept is nucleus_keep's row
+// (not renormalised: a common factor changes no maximum, and leaving it out spares a sum whose bits
+// are torch's). Fast path, almost every row: the race over the whole row; its winner w is in the
+// nucleus when the mass before it (the tokens of greater probability, or equal with a lower id)
+// does not reach top_p, by nucleus_keep's own test on the same sorted prefix of values; then w
+// wins the nucleus' race too (the nucleus is a subset holding w, and no earlier token ties it).
+// Otherwise the row's nucleus is built and raced. Bit for bit the token of
+// (nucleus_keep(p) / noise).argmax(-1) in torch.
+at::Tensor nucleus_race(const at::Tensor& probs, const at::Tensor& noise, double top_p, double margin) {
+  TORCH_CHECK(probs.dim() == 2 && probs.scalar_type() == at::kFloat, "nucleus_race: probs float32 [rows, vocab]");
+  TORCH_CHECK(noise.sizes() == probs.sizes() && noise.scalar_type() == at::kFloat,
+              "nucleus_race: noise float32 shaped like probs");
+  const at::Tensor x = probs.contiguous(), e_all = noise.contiguous();
+  const int64_t rows = x.size(0), vocab = x.size(1);
+  at::Tensor tokens = at::empty({rows}, at::kLong);
+  const float cut = static_cast<float>(top_p);
+  std::vector<float> before, kept;
+  std::vector<std::pair<float, int64_t>> candidates;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* p = x.data_ptr<float>() + r * vocab;
+    const float* e = e_all.data_ptr<float>() + r * vocab;
+    int64_t w = first_max_ratio(p, e, vocab);
+    if (top_p < 1.0) {
+      const float pw = p[w];
+      before.clear();
+      double unsorted = 0.0;
+      for (int64_t v = 0; v < vocab; ++v)
+        if (p[v] > pw || (p[v] == pw && v < w)) {
+          before.push_back(p[v]);
+          unsorted += p[v];
+        }
+      bool in_nucleus = before.empty();
+      if (!in_nucleus && unsorted < top_p + margin) {  // past that, the sorted sum reaches top_p too
+        std::sort(before.begin(), before.end(), std::greater<float>());
+        double running = 0.0;
+        for (const float value : before) running += value;
+        running += pw;
+        in_nucleus = !(static_cast<float>(running) - pw >= cut);
+      }
+      if (!in_nucleus) {
+        kept.assign(vocab, 0.0f);
+        keep_nucleus_row(p, vocab, top_p, margin, kept.data(), candidates);
+        w = first_max_ratio(kept.data(), e, vocab);
+      }
+    }
+    tokens.data_ptr<int64_t>()[r] = w;
+  }
+  return tokens;
 }
 
 }  // namespace
@@ -1329,6 +1410,7 @@ TORCH_LIBRARY(quickdraft, m) {
         "int n_kv, int head_dim, int intermediate, int vocab, float eps, Tensor head_ids, Tensor[] gumbel, "
         "float[] inverse_temperatures) -> Tensor");
   m.def("nucleus_keep(Tensor probs, float top_p, float margin) -> Tensor");
+  m.def("nucleus_race(Tensor probs, Tensor noise, float top_p, float margin) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
@@ -1339,4 +1421,5 @@ TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
   m.impl("draft_greedy", &draft_greedy);
   m.impl("draft_batch", &draft_batch);
   m.impl("nucleus_keep", &nucleus_keep);
+  m.impl("nucleus_race", &nucleus_race);
 }
