@@ -3,14 +3,16 @@ seeded request gives the same tokens whatever γ and drafter, identical to seede
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from scipy.stats import chisquare, kstest
 
-from quickdraft import Engine, SamplingParams
+from quickdraft import Engine, SamplingParams, kernels
 from quickdraft.errors import SamplingParamsError
 from quickdraft.model.loader import load_model
-from quickdraft.randomness import CoupledSampler, position_noise
+from quickdraft.randomness import CoupledSampler, _noise_by_torch, position_noise, position_seed
 
 PROMPTS = ([5, 17, 3], [40, 41, 42, 40, 41, 42, 40, 41], [9] * 12)
 NEW_TOKENS = 48
@@ -77,12 +79,48 @@ def test_position_noise_is_exponential_deterministic_and_fresh_per_position():
     noise = position_noise(seed=11, position=40, vocab=50_000)
     assert torch.equal(noise, position_noise(seed=11, position=40, vocab=50_000))
     assert kstest(noise.double().numpy(), "expon").pvalue > 0.001
+    assert kstest(_noise_by_torch(position_seed(3, 9), 50_000).double().numpy(), "expon").pvalue > 0.001
     assert (noise > 0).all()
     neighbours = [position_noise(11, 41, 50_000), position_noise(12, 40, 50_000)]
     for other in neighbours:
         # independent vectors: the correlation of 50,000 pairs is within a few 1/sqrt(n) of 0
         correlation = torch.corrcoef(torch.stack([noise, other]))[0, 1]
         assert abs(float(correlation)) < 0.02
+
+
+def _splitmix_levels(key: int, vocab: int) -> list[int]:
+    """The definition in Python integers: the top 23 bits of SplitMix64's output for counters 1..vocab."""
+    mask = (1 << 64) - 1
+    levels = []
+    for v in range(1, vocab + 1):
+        z = (key + v * 0x9E3779B97F4A7C15) & mask
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        levels.append((z ^ (z >> 31)) >> 41)
+    return levels
+
+
+KEYS = (0, 1, 2**63 - 1, -(2**63), -1, position_seed(11, 40), position_seed(2**64 - 1, 7))
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_position_noise_is_minus_log_of_its_hashed_uniform(key):
+    """Entry v is -ln((2k + 1) / 2^24) for k SplitMix64's top 23 bits, within the logarithm's
+    single-precision error (a few units in the last place)."""
+    noise = _noise_by_torch(key, 300).double().tolist()
+    for value, level in zip(noise, _splitmix_levels(key, 300)):
+        exact = -math.log((2 * level + 1) / 2**24)
+        assert value == pytest.approx(exact, rel=3e-7, abs=1e-12)
+
+
+@pytest.mark.skipif(not kernels.available(), reason="quickdraft's CPU kernels do not build here")
+@pytest.mark.parametrize("vocab", [1, 7, 8, 9, 1000, 8192, 50_257])
+def test_native_noise_has_torchs_bits(vocab):
+    """The kernels and the torch fallback give the same noise bit for bit, so a seed's text does not
+    depend on whether the kernels run."""
+    native = kernels.exponential_noise(torch.tensor(KEYS), vocab)
+    for row, key in zip(native, KEYS):
+        assert torch.equal(row, _noise_by_torch(key, vocab)), key
 
 
 def test_coupled_draw_follows_the_distribution():

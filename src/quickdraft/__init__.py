@@ -19,7 +19,7 @@ _EXPORTS = {"Engine": "quickdraft.engine", "GenerationResult": "quickdraft.outpu
             "QuickdraftError": "quickdraft.errors", "SamplingParams": "quickdraft.sampling_params",
             "GenerationStats": "quickdraft.stats"}
 __all__ = sorted(_EXPORTS)
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def __getattr__(name: str) -> Any:

@@ -30,18 +30,23 @@ The drafts agree with the target less often than under rejection sampling, whose
 embedded pair at T = 0.8 (teacher-forced, 14 bench prompts × 64 tokens) the optimum is 0.756 and the
 coupled rule 0.716 (BENCHMARKS.md has the bench's figures).
 
-Bits: the noise is generated on the CPU from a seed derived from (seed, position) by SplitMix64,
-so it is the same on every device. Output is reproduced bit for bit where the target's
-probabilities are (exact mode); outside it, a ratio tied to the last bits may break differently.
+Bits: the noise is a counter-based function of (seed, position, token): a SplitMix64 hash gives a
+uniform on a 2^-24 grid and a logarithm of single IEEE fp32 steps turns it into Exp(1), computed
+by quickdraft's kernels or, with the same bits, by torch's elementwise ops; it is the same on every
+machine and device. Output is reproduced bit for bit where the target's probabilities are (exact
+mode); outside it, a ratio tied to the last bits may break differently. Before version 0.2.0 the
+noise came from torch's generator: seeded texts of 0.1.x differ.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 from abc import ABC, abstractmethod
 
 import torch
 
+from quickdraft import kernels
 from quickdraft.sampling import SamplingParams, coupled_race, inverse_cdf, sample
 
 _MASK64 = (1 << 64) - 1
@@ -59,17 +64,56 @@ def position_seed(seed: int, position: int) -> int:
     return _splitmix64(_splitmix64(seed & _MASK64) ^ position) >> 1
 
 
-# u = 0 happens with probability 2^-24 per entry; E = -log(1 - u) would be 0 there and let any
-# token win (or give 0/0 for a cut one). Clamping keeps it inside its own cell [0, 2^-24).
-_SMALLEST_NOISE = 2.0**-26
-
-
 def position_noise(seed: int, position: int, vocab: int) -> torch.Tensor:
-    """E_position: ``vocab`` independent Exp(1) draws [vocab] (fp32, CPU, resolution 2^-24 in the
-    uniform), a pure function of its arguments. Inverse CDF of ``torch.rand``: 2.7x faster here
-    than ``exponential_`` (40 vs 110 µs for 8,192 entries)."""
-    generator = torch.Generator().manual_seed(position_seed(seed, position))
-    return torch.rand(vocab, generator=generator).neg_().log1p_().neg_().clamp_min_(_SMALLEST_NOISE)
+    """E_position: ``vocab`` independent Exp(1) draws [vocab] (fp32, CPU), a pure function of its
+    arguments: entry v is -ln(u) with u = (2k + 1) / 2^24, k the top 23 bits of SplitMix64's output
+    for counter v + 1 from the key ``position_seed(seed, position)``. One native call where
+    quickdraft's kernels run (~4 µs for 8,192 entries; torch's generator took ~40), else the same
+    bits from torch's elementwise ops (``_noise_by_torch``)."""
+    key = position_seed(seed, position)
+    if kernels.available():
+        return kernels.exponential_noise(torch.tensor([key]), vocab)[0]
+    return _noise_by_torch(key, vocab)
+
+
+def _signed(x: int) -> int:
+    """A 64-bit pattern as torch's int64 holds it."""
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def _shifted_right(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """z >> bits as unsigned 64-bit arithmetic (torch's >> on int64 keeps the sign)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+# Cephes' logf: the polynomial's coefficients, highest power first, and ln 2 in two parts.
+_LOG_POLYNOMIAL = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 1.4249322787e-1,
+                   -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1)
+_LN2_HIGH, _LN2_LOW = 0.693359375, -2.12194440e-4
+
+
+def _noise_by_torch(key: int, vocab: int) -> torch.Tensor:
+    """``kernels.exponential_noise``'s row for ``key``, op for op (every step one fp32 multiply or add,
+    no fused multiply-add), so both give the same bits."""
+    z = torch.arange(1, vocab + 1, dtype=torch.int64) * _signed(0x9E3779B97F4A7C15) + _signed(key)
+    z = (z ^ _shifted_right(z, 30)) * _signed(0xBF58476D1CE4E5B9)
+    z = (z ^ _shifted_right(z, 27)) * _signed(0x94D049BB133111EB)
+    levels = _shifted_right(z ^ _shifted_right(z, 31), 41)
+    u = (2 * levels + 1).float() * 2.0**-24
+    mantissa, exponent = torch.frexp(u)  # u = m * 2^e, m in [0.5, 1)
+    small = (mantissa < 0.707106781186547524).float()
+    e = exponent.float() - small
+    x = (mantissa + mantissa * small) - 1.0
+    z2 = x * x
+    f32 = functools.partial(torch.tensor, dtype=torch.float32)
+    y = torch.full_like(x, _LOG_POLYNOMIAL[0])
+    for c in _LOG_POLYNOMIAL[1:]:
+        y = y * x + f32(c)
+    y = (y * x) * z2
+    y = y + e * f32(_LN2_LOW)
+    y = y - z2 * f32(0.5)
+    log_u = (x + y) + e * f32(_LN2_HIGH)
+    return 0.0 - log_u
 
 
 def fresh_seed() -> int:

@@ -101,7 +101,7 @@ def _command(compiler: str, output: Path, isa_flags: tuple[str, ...]) -> list[st
     torch_lib = Path(torch.__file__).parent / "lib"
     bundled_omp = sorted(torch_lib.glob("libgomp*.so*"))
     return [compiler, str(SOURCE), "-o", str(output), "-shared", "-fPIC", "-O3", "-std=c++17", "-fopenmp",
-            *isa_flags, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            "-ffp-contract=off", *isa_flags, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
             *(f"-I{p}" for p in cpp_extension.include_paths()), f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}",
             "-lc10", "-ltorch_cpu", *(str(p) for p in bundled_omp[:1])]
 
@@ -284,3 +284,9 @@ def nucleus_race(probs: torch.Tensor, noise: torch.Tensor, top_p: float, margin:
     noise``, bit for bit, mostly without building the nucleus (the whole row's race winner is checked
     against it)."""
     return torch.ops.quickdraft.nucleus_race(probs, noise, top_p, margin)
+
+
+def exponential_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Exp(1) noise [len(keys), vocab] (fp32), row i a pure function of keys[i] (int64): the coupled
+    rule's noise, ``randomness.position_noise`` gives the definition."""
+    return torch.ops.quickdraft.exponential_noise(keys, vocab)

@@ -1341,6 +1341,75 @@ int64_t first_max_ratio(const float* p, const float* e, int64_t n) {
   return 0;  // every score NaN
 }
 
+// quickdraft::exponential_noise: rows [keys, vocab] of Exp(1) noise, row i a pure function of
+// keys[i] (randomness.position_seed): entry v is -ln(u) with u = (2k + 1) / 2^24 in (0, 1), k the
+// top 23 bits of the SplitMix64 output for counter v + 1 (state key + (v + 1) * golden gamma).
+// The logarithm is Cephes' logf (frexp, a degree-9 polynomial, ln 2 split in two), every step one
+// IEEE multiply or add (the library is built with -ffp-contract=off: no fused multiply-add), so
+// randomness.py computes the same bits with torch's elementwise ops where these kernels do not run.
+// GCC's generic vectors, not Simd: the steps mix integer and float lanes; 8 lanes on every ISA.
+namespace noise {
+typedef float F8 __attribute__((vector_size(32)));
+typedef int32_t I8 __attribute__((vector_size(32)));
+typedef uint32_t U8 __attribute__((vector_size(32)));
+
+template <class To, class From>
+inline To bits_as(const From& x) {
+  static_assert(sizeof(To) == sizeof(From));
+  To to;
+  std::memcpy(&to, &x, sizeof to);
+  return to;
+}
+
+// -ln((2k + 1) / 2^24) for 8 levels k < 2^23.
+inline F8 negative_log(U8 level) {
+  const F8 u = __builtin_convertvector(__builtin_convertvector(2 * level + 1, I8), F8) * 0x1p-24f;  // exact
+  const U8 bits = bits_as<U8>(u);
+  F8 exponent = __builtin_convertvector(__builtin_convertvector(bits >> 23, I8) - 126, F8);  // u = m * 2^e
+  const F8 m = bits_as<F8>((bits & 0x007FFFFFu) | 0x3F000000u);  // m in [0.5, 1)
+  const F8 one = F8{} + 1.0f;
+  const I8 below = m < 0.707106781186547524f;  // all ones where m < sqrt(1/2)
+  const F8 is_small = bits_as<F8>(below & bits_as<I8>(one));  // 1 there: x = 2m - 1 and e - 1
+  exponent = exponent - is_small;
+  const F8 x = (m + m * is_small) - 1.0f;
+  const F8 x2 = x * x;
+  F8 y = F8{} + 7.0376836292E-2f;
+  for (const float c : {-1.1514610310E-1f, 1.1676998740E-1f, -1.2420140846E-1f, 1.4249322787E-1f,
+                        -1.6668057665E-1f, 2.0000714765E-1f, -2.4999993993E-1f, 3.3333331174E-1f})
+    y = y * x + c;
+  y = (y * x) * x2;
+  y = y + exponent * -2.12194440E-4f;
+  y = y - x2 * 0.5f;
+  const F8 log_u = (x + y) + exponent * 0.693359375f;
+  return 0.0f - log_u;
+}
+}  // namespace noise
+
+at::Tensor exponential_noise(const at::Tensor& keys, int64_t vocab) {
+  TORCH_CHECK(keys.dim() == 1 && keys.scalar_type() == at::kLong, "exponential_noise: int64 keys [n]");
+  TORCH_CHECK(vocab >= 0, "exponential_noise: vocab must be >= 0");
+  const at::Tensor k = keys.contiguous();
+  at::Tensor out = at::empty({k.size(0), vocab}, at::kFloat);
+  std::vector<uint32_t> levels(vocab + 8);
+  for (int64_t r = 0; r < k.size(0); ++r) {
+    const uint64_t key = static_cast<uint64_t>(k.data_ptr<int64_t>()[r]);
+    for (int64_t v = 0; v < vocab; ++v) {
+      uint64_t z = key + static_cast<uint64_t>(v + 1) * 0x9E3779B97F4A7C15ull;
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      levels[v] = static_cast<uint32_t>((z ^ (z >> 31)) >> 41);
+    }
+    float* e = out.data_ptr<float>() + r * vocab;
+    for (int64_t v = 0; v < vocab; v += 8) {
+      noise::U8 level;
+      std::memcpy(&level, levels.data() + v, sizeof level);
+      const noise::F8 values = noise::negative_log(level);
+      std::memcpy(e + v, &values, sizeof(float) * std::min<int64_t>(8, vocab - v));
+    }
+  }
+  return out;
+}
+
 // quickdraft::nucleus_race: the coupled rule's token for each row of probabilities [rows, vocab]
 // (fp32, after temperature and top-k, before the nucleus) with its position's noise [rows, vocab]
 // (Exp(1), > 0): the first token maximising kept[v] / noise[v], where kept is nucleus_keep's row
@@ -1410,6 +1479,7 @@ TORCH_LIBRARY(quickdraft, m) {
         "int n_kv, int head_dim, int intermediate, int vocab, float eps, Tensor head_ids, Tensor[] gumbel, "
         "float[] inverse_temperatures) -> Tensor");
   m.def("nucleus_keep(Tensor probs, float top_p, float margin) -> Tensor");
+  m.def("exponential_noise(Tensor keys, int vocab) -> Tensor");
   m.def("nucleus_race(Tensor probs, Tensor noise, float top_p, float margin) -> Tensor");
 }
 
@@ -1421,5 +1491,6 @@ TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
   m.impl("draft_greedy", &draft_greedy);
   m.impl("draft_batch", &draft_batch);
   m.impl("nucleus_keep", &nucleus_keep);
+  m.impl("exponential_noise", &exponential_noise);
   m.impl("nucleus_race", &nucleus_race);
 }
