@@ -429,28 +429,52 @@ void linear_rows(const float* x, int64_t m, const at::Tensor& packed, const floa
 // holds 8 columns' weights for inputs 2p (the low halves: shifted up, their fp32 value) and
 // 2p + 1 (the high halves: masked). Every output element is the fused multiply-adds of its inputs
 // in input order, then the bias, whatever the tile: a row's bits do not depend on the others.
-// Tiles after a block's first find its weights in cache, so the first tile of each block fetches
-// the next block's (ahead): the memory streams while the later tiles compute.
+// While a block's tiles compute, they fetch the next block's lines into L2, each tile its share,
+// one line every few inputs: the memory streams under the arithmetic instead of stalling one tile
+// on a burst of misses.
 constexpr int64_t kTileRows = 2;
 constexpr int64_t kTileRowsF32 = 3;  // fp32 weights are read from memory by the multiply-adds: 3 x 4 + 3
 constexpr int64_t kHalfColumns = 32;
 constexpr int64_t kLineBytes = 4 * kBlockColumns;  // one input line of a block, either layout
 
 inline void fetch_line(const char* ahead, int64_t line) {
-  if (!ahead) return;
   const char* at = ahead + line * kLineBytes;
   for (int64_t i = 0; i < kLineBytes; i += 64) _mm_prefetch(at + i, _MM_HINT_T1);
 }
 
+// Lines [0, count) from `ahead`, spread over a tile's `steps` inputs (step() at each); the rest,
+// if any, when the tile ends.
+class Prefetch {
+ public:
+  Prefetch(const char* ahead, int64_t count, int64_t steps)
+      : ahead_(ahead), count_(ahead ? count : 0), every_(count_ ? std::max<int64_t>(1, steps / count_) : 0) {}
+  Prefetch(const Prefetch&) = delete;
+  Prefetch& operator=(const Prefetch&) = delete;
+  void step() {
+    if (fetched_ < count_ && --countdown_ == 0) {
+      fetch_line(ahead_, fetched_++);
+      countdown_ = every_;
+    }
+  }
+  ~Prefetch() {
+    while (fetched_ < count_) fetch_line(ahead_, fetched_++);
+  }
+
+ private:
+  const char* ahead_;
+  int64_t count_, every_, countdown_ = 1, fetched_ = 0;
+};
+
 template <int Rows, int Vecs>
 void tile(const float* x, int64_t x_stride, const uint32_t* words, int64_t pairs, const float* bias,
-          at::BFloat16* y, int64_t y_stride, int64_t columns, const char* ahead) {
+          at::BFloat16* y, int64_t y_stride, int64_t columns, const char* ahead, int64_t ahead_lines) {
   __m256 acc[Rows][Vecs];
   for (int r = 0; r < Rows; ++r)
     for (int c = 0; c < Vecs; ++c) acc[r][c] = _mm256_setzero_ps();
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  Prefetch prefetch(ahead, ahead_lines, pairs);
   for (int64_t p = 0; p < pairs; ++p) {
-    fetch_line(ahead, p);
+    prefetch.step();
     const auto* line = reinterpret_cast<const __m256i*>(words + kBlockColumns * p);
     __m256 even_x[Rows], odd_x[Rows];
     for (int r = 0; r < Rows; ++r) {
@@ -475,12 +499,13 @@ void tile(const float* x, int64_t x_stride, const uint32_t* words, int64_t pairs
 
 template <int Rows, int Vecs>
 void tile_f32(const float* x, int64_t x_stride, const float* weights, int64_t k, const float* bias, float* y,
-              int64_t y_stride, int64_t columns, const char* ahead) {
+              int64_t y_stride, int64_t columns, const char* ahead, int64_t ahead_lines) {
   __m256 acc[Rows][Vecs];
   for (int r = 0; r < Rows; ++r)
     for (int c = 0; c < Vecs; ++c) acc[r][c] = _mm256_setzero_ps();
+  Prefetch prefetch(ahead, ahead_lines, k);
   for (int64_t p = 0; p < k; ++p) {
-    fetch_line(ahead, p);
+    prefetch.step();
     const float* line = weights + kBlockColumns * p;
     for (int r = 0; r < Rows; ++r) {
       const __m256 xp = _mm256_broadcast_ss(x + r * x_stride + p);
@@ -497,9 +522,9 @@ void tile_f32(const float* x, int64_t x_stride, const float* weights, int64_t k,
 }
 
 using Tile = void (*)(const float*, int64_t, const uint32_t*, int64_t, const float*, at::BFloat16*, int64_t, int64_t,
-                      const char*);
+                      const char*, int64_t);
 using TileF32 = void (*)(const float*, int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t,
-                         const char*);
+                         const char*, int64_t);
 // [1]: a lone row over the whole block; [n > 1]: n rows over half of it
 constexpr Tile kTiles[kTileRows + 1] = {nullptr, tile<1, 8>, tile<2, 4>};
 constexpr TileF32 kTilesF32[kTileRowsF32 + 1] = {nullptr, tile_f32<1, 8>, tile_f32<2, 4>, tile_f32<3, 4>};
@@ -515,19 +540,25 @@ void linear_blocks(const float* x, int64_t m, int64_t k, const W* weights, int64
       const W* w = weights + block * lines * kBlockColumns;
       const int64_t first = block * kBlockColumns, columns = std::min(kBlockColumns, n_out - first);
       const float* block_bias = bias ? bias + first : nullptr;
-      const char* ahead = m > 1 && block + 1 < end ? reinterpret_cast<const char*>(w + lines * kBlockColumns) : nullptr;
+      const char* next = block + 1 < end ? reinterpret_cast<const char*>(w + lines * kBlockColumns) : nullptr;
+      // a lone row's tile covers the block, a group of rows' tiles half of it each
+      const int64_t tiles_here = m / tile_rows * 2 + (m % tile_rows == 0 ? 0 : m % tile_rows == 1 ? 1 : 2);
+      const int64_t share = (lines + tiles_here - 1) / tiles_here;
+      int64_t fetched = 0;
+      const auto run = [&](TileFn fn, int64_t r, int64_t half, int64_t cols) {
+        const int64_t count = next ? std::min(share, lines - fetched) : 0;
+        fn(x + r * k, k, w + half, lines, block_bias ? block_bias + half : nullptr, y + r * n_out + first + half, n_out,
+           cols, count > 0 ? next + fetched * kLineBytes : nullptr, count);
+        fetched += count;
+      };
       for (int64_t r = 0; r < m; r += tile_rows) {
         const int64_t n = std::min(tile_rows, m - r);
         if (n == 1) {
-          tiles[1](x + r * k, k, w, lines, block_bias, y + r * n_out + first, n_out, columns, ahead);
-          ahead = nullptr;
+          run(tiles[1], r, 0, columns);
           continue;
         }
-        for (int64_t half = 0; half < columns; half += kHalfColumns) {
-          tiles[n](x + r * k, k, w + half, lines, block_bias ? block_bias + half : nullptr, y + r * n_out + first + half,
-                   n_out, std::min(kHalfColumns, columns - half), ahead);
-          ahead = nullptr;  // the first tile fetches the next block
-        }
+        for (int64_t half = 0; half < columns; half += kHalfColumns)
+          run(tiles[n], r, half, std::min(kHalfColumns, columns - half));
       }
     }
   });
