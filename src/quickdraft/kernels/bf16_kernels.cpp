@@ -208,9 +208,9 @@ constexpr int64_t kTileRows = 6;  // 6 rows x 4 accumulators + 4 weight register
 template <int Rows>
 void tile(const uint32_t* x, int64_t x_stride, const __m512i* weights, int64_t pairs, const float* bias,
           at::BFloat16* y, int64_t y_stride, int64_t columns) {
-  __m512 acc[Rows][4];
+  __m512 acc[Rows * 4];  // one dimension: GCC 12 kept a [Rows][4] array on the stack
   for (int r = 0; r < Rows; ++r)
-    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < 4; ++c) acc[r * 4 + c] = _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
     const __m512i* line = weights + 4 * p;
     const __m512bh w0 = (__m512bh)_mm512_loadu_si512(line);
@@ -219,17 +219,17 @@ void tile(const uint32_t* x, int64_t x_stride, const __m512i* weights, int64_t p
     const __m512bh w3 = (__m512bh)_mm512_loadu_si512(line + 3);
     for (int r = 0; r < Rows; ++r) {
       const __m512bh xp = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[r * x_stride + p]));
-      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xp, w0);
-      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xp, w1);
-      acc[r][2] = _mm512_dpbf16_ps(acc[r][2], xp, w2);
-      acc[r][3] = _mm512_dpbf16_ps(acc[r][3], xp, w3);
+      acc[r * 4 + 0] = _mm512_dpbf16_ps(acc[r * 4 + 0], xp, w0);
+      acc[r * 4 + 1] = _mm512_dpbf16_ps(acc[r * 4 + 1], xp, w1);
+      acc[r * 4 + 2] = _mm512_dpbf16_ps(acc[r * 4 + 2], xp, w2);
+      acc[r * 4 + 3] = _mm512_dpbf16_ps(acc[r * 4 + 3], xp, w3);
     }
   }
   for (int c = 0; c < 4; ++c) {
     const int64_t first = c * 16;
     if (first >= columns) break;
     const __m512 b = bias ? Simd::load(bias + first, columns - first) : _mm512_setzero_ps();
-    for (int r = 0; r < Rows; ++r) Simd::store(y + r * y_stride + first, columns - first, _mm512_add_ps(acc[r][c], b));
+    for (int r = 0; r < Rows; ++r) Simd::store(y + r * y_stride + first, columns - first, _mm512_add_ps(acc[r * 4 + c], b));
   }
 }
 
@@ -380,26 +380,26 @@ void linear_rows(const at::BFloat16* x, int64_t m, const at::Tensor& packed, con
 template <int Rows>
 void tile_f32(const float* x, int64_t x_stride, const float* weights, int64_t k, const float* bias, float* y,
               int64_t y_stride, int64_t columns) {
-  __m512 acc[Rows][4];
+  __m512 acc[Rows * 4];  // one dimension: GCC 12 kept a [Rows][4] array on the stack
   for (int r = 0; r < Rows; ++r)
-    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < 4; ++c) acc[r * 4 + c] = _mm512_setzero_ps();
   for (int64_t p = 0; p < k; ++p) {
     const float* line = weights + kBlockColumns * p;
     const __m512 w0 = _mm512_loadu_ps(line), w1 = _mm512_loadu_ps(line + 16);
     const __m512 w2 = _mm512_loadu_ps(line + 32), w3 = _mm512_loadu_ps(line + 48);
     for (int r = 0; r < Rows; ++r) {
       const __m512 xp = _mm512_set1_ps(x[r * x_stride + p]);
-      acc[r][0] = _mm512_fmadd_ps(xp, w0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(xp, w1, acc[r][1]);
-      acc[r][2] = _mm512_fmadd_ps(xp, w2, acc[r][2]);
-      acc[r][3] = _mm512_fmadd_ps(xp, w3, acc[r][3]);
+      acc[r * 4 + 0] = _mm512_fmadd_ps(xp, w0, acc[r * 4 + 0]);
+      acc[r * 4 + 1] = _mm512_fmadd_ps(xp, w1, acc[r * 4 + 1]);
+      acc[r * 4 + 2] = _mm512_fmadd_ps(xp, w2, acc[r * 4 + 2]);
+      acc[r * 4 + 3] = _mm512_fmadd_ps(xp, w3, acc[r * 4 + 3]);
     }
   }
   for (int c = 0; c < 4; ++c) {
     const int64_t first = c * 16;
     if (first >= columns) break;
     const __m512 b = bias ? Simd::load(bias + first, columns - first) : _mm512_setzero_ps();
-    for (int r = 0; r < Rows; ++r) Simd::store(y + r * y_stride + first, columns - first, _mm512_add_ps(acc[r][c], b));
+    for (int r = 0; r < Rows; ++r) Simd::store(y + r * y_stride + first, columns - first, _mm512_add_ps(acc[r * 4 + c], b));
   }
 }
 
@@ -442,37 +442,34 @@ inline void fetch_line(const char* ahead, int64_t line) {
   for (int64_t i = 0; i < kLineBytes; i += 64) _mm_prefetch(at + i, _MM_HINT_T1);
 }
 
-// Lines [0, count) from `ahead`, spread over a tile's `steps` inputs (step() at each); the rest,
-// if any, when the tile ends.
+// A tile fetches `count` lines from `ahead` spread evenly over its `steps` inputs: at each input four
+// 64-byte prefetches, at fixed-point positions, duplicates where the share is smaller. Without
+// branches: a conditional prefetch in the loop made GCC keep the accumulators on the stack.
 class Prefetch {
  public:
-  Prefetch(const char* ahead, int64_t count, int64_t steps)
-      : ahead_(ahead), count_(ahead ? count : 0), every_(count_ ? std::max<int64_t>(1, steps / count_) : 0) {}
-  Prefetch(const Prefetch&) = delete;
-  Prefetch& operator=(const Prefetch&) = delete;
+  Prefetch(const char* ahead, int64_t count, int64_t steps, const void* fallback)
+      : at_(ahead ? ahead : static_cast<const char*>(fallback)),
+        increment_(ahead && steps > 0 ? (count << 16) / steps : 0) {}
   void step() {
-    if (fetched_ < count_ && --countdown_ == 0) {
-      fetch_line(ahead_, fetched_++);
-      countdown_ = every_;
+    for (int i = 0; i < 4; ++i) {
+      _mm_prefetch(at_ + ((position_ >> 16) << 6), _MM_HINT_T1);
+      position_ += increment_;
     }
-  }
-  ~Prefetch() {
-    while (fetched_ < count_) fetch_line(ahead_, fetched_++);
   }
 
  private:
-  const char* ahead_;
-  int64_t count_, every_, countdown_ = 1, fetched_ = 0;
+  const char* at_;
+  int64_t increment_, position_ = 0;
 };
 
 template <int Rows, int Vecs>
 void tile(const float* x, int64_t x_stride, const uint32_t* words, int64_t pairs, const float* bias,
           at::BFloat16* y, int64_t y_stride, int64_t columns, const char* ahead, int64_t ahead_lines) {
-  __m256 acc[Rows][Vecs];
+  __m256 acc[Rows * Vecs];  // one dimension: GCC 12 kept a [Rows][Vecs] array on the stack
   for (int r = 0; r < Rows; ++r)
-    for (int c = 0; c < Vecs; ++c) acc[r][c] = _mm256_setzero_ps();
+    for (int c = 0; c < Vecs; ++c) acc[r * Vecs + c] = _mm256_setzero_ps();
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-  Prefetch prefetch(ahead, ahead_lines, pairs);
+  Prefetch prefetch(ahead, ahead_lines, pairs, words);
   for (int64_t p = 0; p < pairs; ++p) {
     prefetch.step();
     const auto* line = reinterpret_cast<const __m256i*>(words + kBlockColumns * p);
@@ -485,14 +482,18 @@ void tile(const float* x, int64_t x_stride, const uint32_t* words, int64_t pairs
       const __m256i w = _mm256_loadu_si256(line + c);
       const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
       const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(w, high));
-      for (int r = 0; r < Rows; ++r) acc[r][c] = _mm256_fmadd_ps(odd_x[r], odd, _mm256_fmadd_ps(even_x[r], even, acc[r][c]));
+      for (int r = 0; r < Rows; ++r) acc[r * Vecs + c] = _mm256_fmadd_ps(odd_x[r], odd, _mm256_fmadd_ps(even_x[r], even, acc[r * Vecs + c]));
     }
   }
+  // Unrolled, so that every accumulator has a constant index: a loop over them here made GCC keep
+  // the array on the stack through the products' loop too, a store per multiply-add.
+#pragma GCC unroll 16
   for (int c = 0; c < Vecs; ++c) {
     const int64_t first = c * 8;
     if (first < columns) {
       const __m256 b = bias ? Simd::load(bias + first, columns - first) : _mm256_setzero_ps();
-      for (int r = 0; r < Rows; ++r) Simd::store(y + r * y_stride + first, columns - first, _mm256_add_ps(acc[r][c], b));
+#pragma GCC unroll 16
+      for (int r = 0; r < Rows; ++r) Simd::store(y + r * y_stride + first, columns - first, _mm256_add_ps(acc[r * Vecs + c], b));
     }
   }
 }
@@ -500,23 +501,27 @@ void tile(const float* x, int64_t x_stride, const uint32_t* words, int64_t pairs
 template <int Rows, int Vecs>
 void tile_f32(const float* x, int64_t x_stride, const float* weights, int64_t k, const float* bias, float* y,
               int64_t y_stride, int64_t columns, const char* ahead, int64_t ahead_lines) {
-  __m256 acc[Rows][Vecs];
+  __m256 acc[Rows * Vecs];  // one dimension: GCC 12 kept a [Rows][Vecs] array on the stack
   for (int r = 0; r < Rows; ++r)
-    for (int c = 0; c < Vecs; ++c) acc[r][c] = _mm256_setzero_ps();
-  Prefetch prefetch(ahead, ahead_lines, k);
+    for (int c = 0; c < Vecs; ++c) acc[r * Vecs + c] = _mm256_setzero_ps();
+  Prefetch prefetch(ahead, ahead_lines, k, weights);
   for (int64_t p = 0; p < k; ++p) {
     prefetch.step();
     const float* line = weights + kBlockColumns * p;
     for (int r = 0; r < Rows; ++r) {
       const __m256 xp = _mm256_broadcast_ss(x + r * x_stride + p);
-      for (int c = 0; c < Vecs; ++c) acc[r][c] = _mm256_fmadd_ps(xp, _mm256_loadu_ps(line + 8 * c), acc[r][c]);
+      for (int c = 0; c < Vecs; ++c) acc[r * Vecs + c] = _mm256_fmadd_ps(xp, _mm256_loadu_ps(line + 8 * c), acc[r * Vecs + c]);
     }
   }
+  // Unrolled, so that every accumulator has a constant index: a loop over them here made GCC keep
+  // the array on the stack through the products' loop too, a store per multiply-add.
+#pragma GCC unroll 16
   for (int c = 0; c < Vecs; ++c) {
     const int64_t first = c * 8;
     if (first < columns) {
       const __m256 b = bias ? Simd::load(bias + first, columns - first) : _mm256_setzero_ps();
-      for (int r = 0; r < Rows; ++r) Simd::store(y + r * y_stride + first, columns - first, _mm256_add_ps(acc[r][c], b));
+#pragma GCC unroll 16
+      for (int r = 0; r < Rows; ++r) Simd::store(y + r * y_stride + first, columns - first, _mm256_add_ps(acc[r * Vecs + c], b));
     }
   }
 }
@@ -714,21 +719,21 @@ template <int Heads, int Blocks>
 void score_blocks(const float* const* query, const float* kt, int64_t d, int64_t first, float* const* score) {
   const float* k = kt + first * d * kLanes;
   const int64_t next = d * kLanes;
-  V acc[Heads][Blocks];
+  V acc[Heads * Blocks];  // one dimension, as the products' tiles
   for (int h = 0; h < Heads; ++h) {
     const V q = Simd::set1(query[h][0]);
-    for (int j = 0; j < Blocks; ++j) acc[h][j] = Simd::mul(q, Simd::load(k + j * next));
+    for (int j = 0; j < Blocks; ++j) acc[h * Blocks + j] = Simd::mul(q, Simd::load(k + j * next));
   }
   for (int64_t e = 1; e < d; ++e) {
     V ks[Blocks];
     for (int j = 0; j < Blocks; ++j) ks[j] = Simd::load(k + j * next + e * kLanes);
     for (int h = 0; h < Heads; ++h) {
       const V q = Simd::set1(query[h][e]);
-      for (int j = 0; j < Blocks; ++j) acc[h][j] = Simd::fmadd(q, ks[j], acc[h][j]);
+      for (int j = 0; j < Blocks; ++j) acc[h * Blocks + j] = Simd::fmadd(q, ks[j], acc[h * Blocks + j]);
     }
   }
   for (int h = 0; h < Heads; ++h)
-    for (int j = 0; j < Blocks; ++j) Simd::store(score[h] + (first + j) * kLanes, acc[h][j]);
+    for (int j = 0; j < Blocks; ++j) Simd::store(score[h] + (first + j) * kLanes, acc[h * Blocks + j]);
 }
 
 // Heads sharing a pass over the keys (or values): as many as keep every accumulator in a register.
@@ -745,20 +750,20 @@ constexpr const ScoreBlocks* kScoreBlocks[3] = {kScoreBlocksFor<1>, kScoreBlocks
 template <int Heads, int Chunks>
 void weigh_values(const float* const* weights, const int32_t* list, int64_t n, const float* vf, int64_t stride,
                   int64_t e0, float* const* sums) {
-  V acc[Heads][Chunks];
+  V acc[Heads * Chunks];
   for (int h = 0; h < Heads; ++h)
-    for (int c = 0; c < Chunks; ++c) acc[h][c] = Simd::load(sums[h] + e0 + c * kLanes);
+    for (int c = 0; c < Chunks; ++c) acc[h * Chunks + c] = Simd::load(sums[h] + e0 + c * kLanes);
   for (int64_t j = 0; j < n; ++j) {
     const float* v = vf + list[j] * stride + e0;
     V vs[Chunks];
     for (int c = 0; c < Chunks; ++c) vs[c] = Simd::load(v + c * kLanes);
     for (int h = 0; h < Heads; ++h) {
       const V w = Simd::set1(weights[h][j]);
-      for (int c = 0; c < Chunks; ++c) acc[h][c] = Simd::fmadd(w, vs[c], acc[h][c]);
+      for (int c = 0; c < Chunks; ++c) acc[h * Chunks + c] = Simd::fmadd(w, vs[c], acc[h * Chunks + c]);
     }
   }
   for (int h = 0; h < Heads; ++h)
-    for (int c = 0; c < Chunks; ++c) Simd::store(sums[h] + e0 + c * kLanes, acc[h][c]);
+    for (int c = 0; c < Chunks; ++c) Simd::store(sums[h] + e0 + c * kLanes, acc[h * Chunks + c]);
 }
 
 using WeighValues = void (*)(const float* const*, const int32_t*, int64_t, const float*, int64_t, int64_t,
