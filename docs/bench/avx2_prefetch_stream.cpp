@@ -7,7 +7,10 @@
 // under three fetch policies, interleaved round by round in one process; medians of 40 rounds, ms.
 // - policy 0 (before round 18): a block's first tile fetches the whole next block, a lone row nothing;
 // - policy 2: every tile fetches its share of the next block, one line every few inputs;
-// - policy 4 (kernels since round 18): policy 2, and a lone row fetches too.
+// - policy 4 (commit b3406db): policy 2, and a lone row fetches too.
+// The kernels since commit 5d98f65 fetch policy 4's lines without a branch (four prefetches per
+// input at fixed-point positions); that, not the policy, is what let GCC keep the kernel's
+// accumulators in registers (measured with docs/bench/native_step_rows.py, not here).
 // Numbers are fake weights and inputs: only time is measured.
 #include <immintrin.h>
 #include <chrono>
