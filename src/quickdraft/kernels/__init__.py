@@ -95,20 +95,25 @@ def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
 
 
+# -ffp-contract=off: no multiply and add fused unless the source says so (the coupled rule's noise
+# must have the bits torch's separate operations give).
+_FLAGS = ("-shared", "-fPIC", "-O3", "-std=c++17", "-fopenmp", "-ffp-contract=off")
+
+
 def _command(compiler: str, output: Path, isa_flags: tuple[str, ...]) -> list[str]:
     from torch.utils import cpp_extension
 
     torch_lib = Path(torch.__file__).parent / "lib"
     bundled_omp = sorted(torch_lib.glob("libgomp*.so*"))
-    return [compiler, str(SOURCE), "-o", str(output), "-shared", "-fPIC", "-O3", "-std=c++17", "-fopenmp",
-            "-ffp-contract=off", *isa_flags, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+    return [compiler, str(SOURCE), "-o", str(output), *_FLAGS, *isa_flags,
+            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
             *(f"-I{p}" for p in cpp_extension.include_paths()), f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}",
             "-lc10", "-ltorch_cpu", *(str(p) for p in bundled_omp[:1])]
 
 
 def _library_path(compiler: str, isa_flags: tuple[str, ...]) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + " ".join(isa_flags).encode()
+    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + " ".join(_FLAGS + isa_flags).encode()
                          + "".join(version).encode()).hexdigest()[:16]
     return cache_dir() / "kernels" / f"quickdraft_kernels_{key}.so"
 
