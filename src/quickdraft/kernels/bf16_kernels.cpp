@@ -429,18 +429,13 @@ void linear_rows(const float* x, int64_t m, const at::Tensor& packed, const floa
 // holds 8 columns' weights for inputs 2p (the low halves: shifted up, their fp32 value) and
 // 2p + 1 (the high halves: masked). Every output element is the fused multiply-adds of its inputs
 // in input order, then the bias, whatever the tile: a row's bits do not depend on the others.
-// While a block's tiles compute, they fetch the next block's lines into L2, each tile its share,
-// one line every few inputs: the memory streams under the arithmetic instead of stalling one tile
-// on a burst of misses.
+// While a block's tiles compute, they fetch the next block's lines into L2, each tile its share
+// spread over its inputs: the memory streams under the arithmetic instead of stalling one tile on a
+// burst of misses (before round 18 the first tile fetched the whole next block at once).
 constexpr int64_t kTileRows = 2;
 constexpr int64_t kTileRowsF32 = 3;  // fp32 weights are read from memory by the multiply-adds: 3 x 4 + 3
 constexpr int64_t kHalfColumns = 32;
 constexpr int64_t kLineBytes = 4 * kBlockColumns;  // one input line of a block, either layout
-
-inline void fetch_line(const char* ahead, int64_t line) {
-  const char* at = ahead + line * kLineBytes;
-  for (int64_t i = 0; i < kLineBytes; i += 64) _mm_prefetch(at + i, _MM_HINT_T1);
-}
 
 // A tile fetches `count` lines from `ahead` spread evenly over its `steps` inputs: at each input four
 // 64-byte prefetches, at fixed-point positions, duplicates where the share is smaller. Without
