@@ -12,7 +12,8 @@ from scipy.stats import chisquare, kstest
 from quickdraft import Engine, SamplingParams, kernels
 from quickdraft.errors import SamplingParamsError
 from quickdraft.model.loader import load_model
-from quickdraft.randomness import CoupledSampler, _noise_by_torch, position_noise, position_seed
+from quickdraft.randomness import (_GOLDEN_GAMMA, _MASK64, CoupledSampler, _noise_by_torch, _splitmix64,
+                                   position_noise, position_seed)
 
 PROMPTS = ([5, 17, 3], [40, 41, 42, 40, 41, 42, 40, 41], [9] * 12)
 NEW_TOKENS = 48
@@ -89,15 +90,9 @@ def test_position_noise_is_exponential_deterministic_and_fresh_per_position():
 
 
 def _splitmix_levels(key: int, vocab: int) -> list[int]:
-    """The definition in Python integers: the top 23 bits of SplitMix64's output for counters 1..vocab."""
-    mask = (1 << 64) - 1
-    levels = []
-    for v in range(1, vocab + 1):
-        z = (key + v * 0x9E3779B97F4A7C15) & mask
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
-        levels.append((z ^ (z >> 31)) >> 41)
-    return levels
+    """The definition in Python integers: the top 23 bits of SplitMix64's output for counters 1..vocab
+    (counter v + 1 is one step of the state past key + v * gamma)."""
+    return [_splitmix64((key + v * _GOLDEN_GAMMA) & _MASK64) >> 41 for v in range(vocab)]
 
 
 KEYS = (0, 1, 2**63 - 1, -(2**63), -1, position_seed(11, 40), position_seed(2**64 - 1, 7))

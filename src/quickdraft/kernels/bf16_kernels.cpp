@@ -208,7 +208,7 @@ constexpr int64_t kTileRows = 6;  // 6 rows x 4 accumulators + 4 weight register
 template <int Rows>
 void tile(const uint32_t* x, int64_t x_stride, const __m512i* weights, int64_t pairs, const float* bias,
           at::BFloat16* y, int64_t y_stride, int64_t columns) {
-  __m512 acc[Rows * 4];  // one dimension: GCC 12 kept a [Rows][4] array on the stack
+  __m512 acc[Rows * 4];  // one dimension, as the AVX2 tiles (whose [Rows][Vecs] GCC 12 kept on the stack)
   for (int r = 0; r < Rows; ++r)
     for (int c = 0; c < 4; ++c) acc[r * 4 + c] = _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
@@ -380,7 +380,7 @@ void linear_rows(const at::BFloat16* x, int64_t m, const at::Tensor& packed, con
 template <int Rows>
 void tile_f32(const float* x, int64_t x_stride, const float* weights, int64_t k, const float* bias, float* y,
               int64_t y_stride, int64_t columns) {
-  __m512 acc[Rows * 4];  // one dimension: GCC 12 kept a [Rows][4] array on the stack
+  __m512 acc[Rows * 4];  // one dimension, as the AVX2 tiles (whose [Rows][Vecs] GCC 12 kept on the stack)
   for (int r = 0; r < Rows; ++r)
     for (int c = 0; c < 4; ++c) acc[r * 4 + c] = _mm512_setzero_ps();
   for (int64_t p = 0; p < k; ++p) {
