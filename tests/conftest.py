@@ -22,6 +22,10 @@ _kernels = Path(tempfile.gettempdir()) / f"quickdraft-test-kernels-{os.environ.g
 _kernels.mkdir(exist_ok=True)
 (_cache / "kernels").symlink_to(_kernels, target_is_directory=True)
 os.environ["QUICKDRAFT_CACHE_DIR"] = str(_cache)
+# One thread for inductor's compiles: with two (its default here) each compile starts a pool of
+# compiling subprocesses that fights the other xdist worker for the cores, and the module of
+# compiled-step tests took 288 s of the suite against 78 s run alone.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 from hf_factory import make_hf_checkpoint  # noqa: E402
 
@@ -35,7 +39,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 # Modules whose tests share one xdist worker (``pytest.mark.xdist_group``).
-GROUPED_MODULES = ("tests/test_ray_serve.py",)
+GROUPED_MODULES = ("tests/test_ray_serve.py", "tests/test_compiled_drafter.py")
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -20,6 +20,10 @@ from quickdraft.model.loader import auto_dtype, default_draft_dtype, load_model
 from quickdraft.sampling import SamplingParams
 
 
+# One worker runs the module: its engines share the compiled graphs of its models.
+pytestmark = pytest.mark.xdist_group("compile")
+
+
 @pytest.fixture(autouse=True)
 def torch_kernels_only(monkeypatch):
     monkeypatch.setattr(kernels, "available", lambda: False)
