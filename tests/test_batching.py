@@ -372,3 +372,38 @@ def test_a_batch_drafted_in_one_native_call_drafts_what_the_stepwise_loop_drafts
 
     assert drafts(native=True) == drafts(native=False)
     assert sum(map(len, drafts(native=True))) == 3 * 16  # k = 2, 3, 4, none, 3, 4 per round
+
+
+def test_a_sequence_that_never_drafts_never_prefills_the_draft_model(engines):
+    """The draft model's cache is filled at a sequence's first proposal (its catch-up), not when it
+    joins: a batch that decodes plainly pays nothing for the drafter, and drafting later stays exact."""
+    engine = engines["related"]
+    scheduler = engine.batch_scheduler(4)
+    prompt = mixed_prompts(4)[1]
+    plain = scheduler.submit(prompt, 6, SamplingParams(), 0)
+    while not scheduler.idle:
+        scheduler.step()
+    assert scheduler.drafter.length[0] == 0
+    drafting = scheduler.submit(prompt, 24, SamplingParams(), 3)
+    scheduler.step()  # prefill, then the first proposal catches the draft cache up to the prompt
+    assert scheduler.drafter.length[drafting.slot] >= len(prompt) - 1
+    while not scheduler.idle:
+        scheduler.step()
+    assert drafting.output.generated == engine.generate(prompt, 24, gamma=0).token_ids
+    assert drafting.stats.accepted > 0
+
+
+def test_step_costs_measured_up_front_leave_every_step_one_target_forward(engines, monkeypatch):
+    scheduler = BatchScheduler(engines["related"], 4)
+    scheduler.measure_step_costs()
+    assert set(scheduler._target_cost) == set(scheduler.shapes)
+    calls = []
+    forward = scheduler.model.forward_batched
+    monkeypatch.setattr(scheduler.model, "forward_batched", lambda *args, **kwargs: calls.append(1) or forward(*args, **kwargs))
+    requests = [scheduler.submit(prompt, 12, SamplingParams(), "auto") for prompt in mixed_prompts(3)]
+    steps = 0
+    while not scheduler.idle:
+        scheduler.step()
+        steps += 1
+    assert all(len(r.output.generated) == 12 for r in requests)
+    assert len(calls) == steps  # one verify each (prefill runs its own forward), no scratch forward

@@ -90,8 +90,8 @@ class _ModelDrafter(BatchDrafter):
         return None
 
     def _catch_up(self, active: list[DraftRequest]) -> float:
-        """Prefill what a sequence lacks beyond its last few tokens (after steps without drafts);
-        the seconds it took."""
+        """Prefill what a sequence lacks beyond its last few tokens (a new sequence's prompt, or what
+        steps without drafts committed); the seconds it took."""
         return 0.0
 
     def propose(self, requests: list[DraftRequest], n_slots: int) -> list[Draft]:
@@ -103,6 +103,7 @@ class _ModelDrafter(BatchDrafter):
         if native is not None and all(r.sampling.greedy or races_natively(r.sampling, r.sampler) for r in active):
             drafts.update(self._propose_natively(active, n_slots, *native))
             return [drafts[r.slot] for r in requests]
+        catch_up_seconds = self._catch_up(active)
         first = [self._first_rows(r) for r in active]
         width = max(len(rows) for rows, _ in first)
         index = torch.tensor([r.slot for r in active])
@@ -155,6 +156,7 @@ class _ModelDrafter(BatchDrafter):
         self._after_propose(active, drafted)
         for r in active:
             drafts[r.slot] = Draft(drafted[r.slot], torch.stack(qs[r.slot]) if qs[r.slot] else None, calls)
+        drafts[active[0].slot].catch_up_seconds = catch_up_seconds  # the proposal's, counted once
         return [drafts[r.slot] for r in requests]
 
     def _propose_natively(self, active: list[DraftRequest], n_slots: int, model: Transformer, cache: KVCache,
@@ -204,12 +206,12 @@ class BatchedDraftModel(_ModelDrafter):
         self.alone_steps = CompiledSteps(self.model, enabled=drafter.steps.enabled)
         self.alone_steps.prepare(self.cache.entry(0))  # graphs built now, on an entry that holds nothing yet
 
-    @torch.inference_mode()
     def begin(self, admitted: list[tuple[int, list[int]]]) -> None:
-        chunks = [PrefillChunk(slot, prompt_ids[:-1], 0) for slot, prompt_ids in admitted if len(prompt_ids) > 1]
-        prefill(self.model, self.cache, chunks, *grouping(self.model, exact=False))  # drafts need no invariance
-        for slot, prompt_ids in admitted:
-            self.length[slot] = len(prompt_ids) - 1
+        """Nothing is prefilled here: a sequence's first proposal catches its entry up (``_catch_up``),
+        so a sequence that never drafts (a large batch decodes plainly) never pays the draft model's
+        prefill of its prompt."""
+        for slot, _ in admitted:
+            self.length[slot] = 0
 
     def _first_rows(self, request: DraftRequest) -> tuple[list[int], int]:
         start = self.length[request.slot]

@@ -103,12 +103,14 @@ def served_model_name(args: argparse.Namespace) -> str:
 
 def warm_up(engine, max_batch: int = 1) -> None:
     """One short generation before the first client's: lazy initialisation (compiled graphs, the
-    batch scheduler's cache and invariance probe) is not its latency."""
+    batch scheduler's cache, invariance probe and step costs) is not its latency."""
     gamma = "auto" if engine.drafter is not None else 0
     try:
         engine.generate([1], 2, gamma=gamma)
         if max_batch > 1:
             engine.generate_batch([[1], [1, 2]], 2, gamma=gamma, max_batch=max_batch)
+            seconds = engine.batch_scheduler(max_batch).measure_step_costs()
+            log.info("batched step costs measured in %.1f s", seconds)
     except QuickdraftError as exc:
         log.warning("warm-up generation failed: %s", exc)
 
