@@ -13,7 +13,7 @@ from quickdraft import Engine, SamplingParams, kernels
 from quickdraft.errors import SamplingParamsError
 from quickdraft.model.loader import load_model
 from quickdraft.randomness import (_GOLDEN_GAMMA, _MASK64, CoupledSampler, _noise_by_torch, _splitmix64,
-                                   position_noise, position_seed)
+                                   position_noise, position_seed, noise_rows)
 
 PROMPTS = ([5, 17, 3], [40, 41, 42, 40, 41, 42, 40, 41], [9] * 12)
 NEW_TOKENS = 48
@@ -141,3 +141,14 @@ def test_seeded_tree_speculation_equals_seeded_plain_decoding(engines, sampling)
             spec = tree_engine.generate(prompt, NEW_TOKENS, sampling)
             assert spec.token_ids == plain.token_ids, f"{name} prompt={prompt}"
             assert spec.stats.tree_steps > 0
+
+
+def test_noise_rows_drawn_together_are_each_samplers_own_rows():
+    """Rows drawn in one call for several samplers and positions (some already held, one twice) are
+    the rows each sampler draws alone, and each sampler keeps them for its later draws."""
+    a, b = CoupledSampler(3), CoupledSampler(5)
+    held = a.noise(10, 257).clone()
+    rows = noise_rows([a, b, a, b, b], [10, 10, 11, 12, 12], 257)
+    alone = torch.stack([position_noise(seed, position, 257) for seed, position in [(3, 10), (5, 10), (3, 11), (5, 12), (5, 12)]])
+    assert torch.equal(rows, alone) and torch.equal(rows[0], held)
+    assert torch.equal(b.noise(12, 257), alone[3]) and torch.equal(a.noise(11, 257), alone[2])

@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 import torch
 
@@ -76,6 +77,18 @@ def position_noise(seed: int, position: int, vocab: int) -> torch.Tensor:
     if kernels.available():
         return kernels.exponential_noise(torch.tensor([key]), vocab)[0]
     return _noise_by_torch(key, vocab)
+
+
+def noise_rows(samplers: Sequence[CoupledSampler], positions: Sequence[int], vocab: int) -> torch.Tensor:
+    """``torch.stack([s.noise(p, vocab) for s, p in zip(samplers, positions)])``, the rows no sampler
+    holds yet drawn in one native call (32 rows of 8,192: 0.73 against 1.19 ms one call each),
+    then kept by their samplers as ``noise`` keeps them."""
+    missing = [i for i, (s, p) in enumerate(zip(samplers, positions)) if not s.holds(p, vocab)]
+    if len(missing) > 1 and kernels.available():
+        keys = torch.tensor([position_seed(samplers[i].seed, positions[i]) for i in missing])
+        for i, row in zip(missing, kernels.exponential_noise(keys, vocab)):
+            samplers[i].keep(positions[i], row)
+    return torch.stack([s.noise(p, vocab) for s, p in zip(samplers, positions)])
 
 
 def _signed(x: int) -> int:
@@ -158,10 +171,17 @@ class CoupledSampler(TokenSampler):
         self._noise: dict[int, torch.Tensor] = {}
 
     def noise(self, position: int, vocab: int) -> torch.Tensor:
+        if not self.holds(position, vocab):
+            self._noise[position] = position_noise(self.seed, position, vocab)
+        return self._noise[position]
+
+    def holds(self, position: int, vocab: int) -> bool:
         cached = self._noise.get(position)
-        if cached is None or cached.shape[0] != vocab:
-            cached = self._noise[position] = position_noise(self.seed, position, vocab)
-        return cached
+        return cached is not None and cached.shape[0] == vocab
+
+    def keep(self, position: int, noise: torch.Tensor) -> None:
+        """``noise`` is this sampler's row for ``position`` (``noise_rows`` drew it with others)."""
+        self._noise[position] = noise
 
     def draw(self, probs: torch.Tensor, position: int) -> int:
         noise = self.noise(position, probs.shape[-1]).to(probs.device)
@@ -170,13 +190,13 @@ class CoupledSampler(TokenSampler):
     def gumbel(self, first_position: int, k: int, vocab: int) -> torch.Tensor:
         """-log E of positions first_position.. first_position + k - 1 [k, vocab]: the same races as
         ``draw``, as Gumbel-max noise (argmax of log q + g) for a draft drawn inside a native call."""
-        return torch.stack([self.noise(first_position + i, vocab) for i in range(k)]).log_().neg_()
+        return noise_rows([self] * k, range(first_position, first_position + k), vocab).log_().neg_()
 
     def target_tokens(self, tempered: torch.Tensor, first_position: int) -> list[int]:
         """The target's token for each row of ``tempered`` [rows, vocab] (``tempered_probabilities``:
         before the nucleus, which the race cuts itself); row r is for ``first_position + r``."""
         vocab = tempered.shape[-1]
-        noise = torch.stack([self.noise(first_position + r, vocab) for r in range(tempered.shape[0])])
+        noise = noise_rows([self] * tempered.shape[0], range(first_position, first_position + tempered.shape[0]), vocab)
         return coupled_race(tempered, noise, self.top_p).tolist()
 
     def forget_before(self, position: int) -> None:
@@ -193,7 +213,7 @@ def draw_batch(samplers: list[TokenSampler], probs: torch.Tensor, positions: lis
     others = [i for i, s in enumerate(samplers) if not s.coupled]
     vocab = probs.shape[-1]
     if coupled:
-        noise = torch.stack([samplers[i].noise(positions[i], vocab) for i in coupled])  # type: ignore[attr-defined]
+        noise = noise_rows([samplers[i] for i in coupled], [positions[i] for i in coupled], vocab)  # type: ignore[misc]
         for i, token in zip(coupled, (probs[coupled].float() / noise.to(probs.device)).argmax(-1).tolist()):
             tokens[i] = token
     if others:
@@ -212,7 +232,7 @@ def coupled_target_tokens(samplers: list[CoupledSampler], tempered: torch.Tensor
     for i, s in enumerate(samplers):
         by_top_p.setdefault(s.top_p, []).append(i)
     for top_p, members in by_top_p.items():
-        noise = torch.stack([samplers[i].noise(positions[i], vocab) for i in members])
+        noise = noise_rows([samplers[i] for i in members], [positions[i] for i in members], vocab)
         rows = tempered if len(members) == len(samplers) else tempered[members]
         for i, token in zip(members, coupled_race(rows, noise, top_p).tolist()):
             tokens[i] = token
