@@ -380,7 +380,7 @@ def test_a_sequence_that_never_drafts_never_prefills_the_draft_model(engines):
     engine = engines["related"]
     scheduler = engine.batch_scheduler(4)
     prompt = mixed_prompts(4)[1]
-    plain = scheduler.submit(prompt, 6, SamplingParams(), 0)
+    scheduler.submit(prompt, 6, SamplingParams(), 0)  # plain decoding: gamma 0
     while not scheduler.idle:
         scheduler.step()
     assert scheduler.drafter.length[0] == 0

@@ -94,31 +94,37 @@ def speculative_samples(
     return out
 
 
-def batched_samples(engine: Engine, params: SamplingParams, gamma: int, n: int, prompt: list[int] = PROMPT,
-                    batch: int = 256) -> np.ndarray:
-    """``speculative_samples`` through the continuous-batching scheduler: up to ``batch`` requests
-    per step, each withdrawn once it holds the 3 tokens tested."""
+def batched_samples(engine: Engine, configs: list[tuple[SamplingParams, int]], n: int,
+                    prompt: list[int] = PROMPT, batch: int = BATCH) -> list[np.ndarray]:
+    """``speculative_samples`` through the continuous-batching scheduler for every (sampling, γ) of
+    ``configs`` at once, their requests interleaved so that every step mixes them: n samples each."""
     scheduler = engine.batch_scheduler(batch)
-    out = np.empty((n, 3), dtype=np.int64)
-    index: dict[int, int] = {}
+    # Requests are submitted as slots free up, not all at once: a queue of 240,000 made Python's
+    # garbage collector rescan it for most of the run (~70 µs per request here).
+    out = [np.empty((n, 3), dtype=np.int64) for _ in configs]
+    submitted: dict[int, tuple[int, int]] = {}
     accepted = 0
 
     def collect(events) -> None:
         nonlocal accepted
         for request, event in events:
             if event.result is not None:
-                out[index.pop(id(request))] = event.result.token_ids[:3]
+                index, config = submitted.pop(id(request))
+                out[config][index] = event.result.token_ids[:3]
                 accepted += request.stats.accepted
 
     for i in range(n):
-        sampling = SamplingParams(params.temperature, params.top_k, params.top_p, seed=i, rule=params.rule)
-        request = scheduler.submit(prompt, 3 + gamma, sampling, gamma)
-        request.cancelled = lambda request=request: len(request.output.generated) >= 3
-        index[id(request)] = i
-        if len(scheduler.waiting) >= batch:
-            collect(scheduler.step())
+        for config, (params, gamma) in enumerate(configs):
+            sampling = SamplingParams(params.temperature, params.top_k, params.top_p, seed=i, rule=params.rule)
+            # max_new_tokens leaves room for a full draft of gamma in the first step; the request is
+            # withdrawn once it holds the 3 tokens tested (its later steps were ~40% of the run)
+            request = scheduler.submit(prompt, 3 + gamma, sampling, gamma)
+            request.cancelled = lambda request=request: len(request.output.generated) >= 3
+            submitted[id(request)] = (i, config)
+            if len(scheduler.waiting) >= batch:
+                collect(scheduler.step())
     collect(scheduler.run())
-    assert not index
+    assert not submitted
     assert accepted > 0, "no draft was accepted: the samples tested plain decoding only"
     return out
 
@@ -154,35 +160,12 @@ def fit_p_values(samples: np.ndarray, joint: np.ndarray) -> dict[str, float]:
 def test_batched_speculative_sampling_matches_target_distribution_in_every_configuration(bigram_pair):
     target, draft = bigram_pair
     engine = Engine(target, draft, exact=False)
-    scheduler = engine.batch_scheduler(BATCH)
-    # Requests are submitted as slots free up, not all 240,000 at once: a queue that size makes
-    # Python's garbage collector rescan it for most of the run (~70 µs per request here).
-    samples = {config: np.empty((N_SAMPLES, 3), dtype=np.int64) for config in CONFIGS}
-    submitted: dict[int, tuple[int, tuple]] = {}
-
-    def collect(events) -> None:
-        for request, event in events:
-            if event.result is not None:
-                index, config = submitted.pop(id(request))
-                samples[config][index] = event.result.token_ids[:3]
-
-    for i in range(N_SAMPLES):
-        for config in CONFIGS:
-            temperature, top_k, top_p, gamma, rule = config
-            sampling = SamplingParams(temperature, top_k, top_p, seed=i, rule=rule)
-            # max_new_tokens leaves room for a full draft of gamma in the first step; the request is
-            # withdrawn once it holds the 3 tokens tested (its later steps were ~40% of the run)
-            request = scheduler.submit(PROMPT, 3 + gamma, sampling, gamma)
-            request.cancelled = lambda request=request: len(request.output.generated) >= 3
-            submitted[id(request)] = (i, config)
-            if len(scheduler.waiting) >= BATCH:
-                collect(scheduler.step())
-    collect(scheduler.run())
-    assert not submitted
+    samples = batched_samples(engine, [(SamplingParams(t, k, p, rule=rule), gamma) for t, k, p, gamma, rule in CONFIGS],
+                              N_SAMPLES)
     failures = {}
-    for config in CONFIGS:
+    for config, config_samples in zip(CONFIGS, samples):
         temperature, top_k, top_p, _, rule = config
-        p_values = fit_p_values(samples[config], exact_joint(target, SamplingParams(temperature, top_k, top_p, rule=rule)))
+        p_values = fit_p_values(config_samples, exact_joint(target, SamplingParams(temperature, top_k, top_p, rule=rule)))
         if min(p_values.values()) <= ALPHA:
             failures[config] = p_values
     assert not failures, failures
@@ -247,8 +230,10 @@ def test_self_draft_sampling_matches_target_distribution(pair, gpt2_target, arch
     save_self_draft(module, target.config, tmp_path / "self_draft")
     params = SamplingParams(temperature, top_k, top_p, rule=rule)  # truncation over -inf logits too
     engine = Engine(target, f"self:{tmp_path / 'self_draft'}", exact=False)
-    sample = batched_samples if arch == "gpt2" else speculative_samples
-    samples = sample(engine, params, 3, N_SAMPLES_MULTI_LAYER)
+    if arch == "gpt2":
+        samples = batched_samples(engine, [(params, 3)], N_SAMPLES_MULTI_LAYER)[0]
+    else:
+        samples = speculative_samples(engine, params, 3, N_SAMPLES_MULTI_LAYER)
     assert engine.generate(PROMPT, 16, SamplingParams(1.0, seed=0), gamma=3).stats.accepted > 0
     assert np.isin(samples, [4, 7, 10, 11]).any()  # tokens the draft cannot propose still come out
     p_values = fit_p_values(samples, exact_joint(target, params))

@@ -91,6 +91,12 @@ def noise_rows(samplers: Sequence[CoupledSampler], positions: Sequence[int], voc
     return torch.stack([s.noise(p, vocab) for s, p in zip(samplers, positions)])
 
 
+def gumbel_rows(samplers: Sequence[CoupledSampler], positions: Sequence[int], vocab: int) -> torch.Tensor:
+    """-log E of ``noise_rows``: the same races as ``draw``, as Gumbel-max noise (argmax of log q + g)
+    for drafts that race logits instead of probabilities."""
+    return noise_rows(samplers, positions, vocab).log_().neg_()
+
+
 def _signed(x: int) -> int:
     """A 64-bit pattern as torch's int64 holds it."""
     return x - (1 << 64) if x >= 1 << 63 else x
@@ -190,7 +196,7 @@ class CoupledSampler(TokenSampler):
     def gumbel(self, first_position: int, k: int, vocab: int) -> torch.Tensor:
         """-log E of positions first_position.. first_position + k - 1 [k, vocab]: the same races as
         ``draw``, as Gumbel-max noise (argmax of log q + g) for a draft drawn inside a native call."""
-        return noise_rows([self] * k, range(first_position, first_position + k), vocab).log_().neg_()
+        return gumbel_rows([self] * k, range(first_position, first_position + k), vocab)
 
     def target_tokens(self, tempered: torch.Tensor, first_position: int) -> list[int]:
         """The target's token for each row of ``tempered`` [rows, vocab] (``tempered_probabilities``:

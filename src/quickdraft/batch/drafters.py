@@ -24,7 +24,7 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.model.compiled import CompiledSteps
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.transformer import Transformer
-from quickdraft.randomness import TokenSampler, draw_batch, noise_rows
+from quickdraft.randomness import TokenSampler, draw_batch, gumbel_rows
 from quickdraft.sampling import SamplingParams, greedy_tokens, grouped_probabilities
 
 
@@ -64,8 +64,8 @@ def _race(requests: list[DraftRequest], logits: list[torch.Tensor], offset: int)
     (``draft_natively``); a token outside a top-k/top-p truncation is only ever rejected."""
     if not requests:
         return []
-    gumbel = noise_rows([r.sampler for r in requests], [len(r.tokens) + offset for r in requests],  # type: ignore[misc]
-                        logits[0].shape[-1]).log_().neg_()
+    gumbel = gumbel_rows([r.sampler for r in requests], [len(r.tokens) + offset for r in requests],  # type: ignore[misc]
+                         logits[0].shape[-1])
     inverse_temperatures = torch.tensor([[1.0 / r.sampling.temperature] for r in requests])
     return (torch.stack(logits).float() * inverse_temperatures + gumbel).argmax(-1).tolist()
 
