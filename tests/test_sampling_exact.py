@@ -209,16 +209,17 @@ def gpt2_target(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch,rule,temperature,top_k,top_p", [
-    ("llama", "rejection", 1.0, 0, 1.0), ("llama", "rejection", 0.8, 5, 0.9), ("llama", "coupled", 0.8, 5, 0.9),
-    ("gpt2", "rejection", 1.0, 0, 1.0)])
+@pytest.mark.parametrize("arch,rule,temperature,top_k,top_p,path", [
+    ("llama", "rejection", 1.0, 0, 1.0, "single"), ("llama", "rejection", 0.8, 5, 0.9, "batched"),
+    ("llama", "coupled", 0.8, 5, 0.9, "batched"), ("gpt2", "rejection", 1.0, 0, 1.0, "batched")])
 def test_self_draft_sampling_matches_target_distribution(pair, gpt2_target, arch, rule, temperature, top_k, top_p,
-                                                         tmp_path):
+                                                         path, tmp_path):
     """A self-draft (the 2-layer target's first layer, a perturbed adapter, a head over 8 of the 12
     tokens): its q gives the 4 tokens outside the head probability 0, which the target still
-    produces through the residual (rejection) or its own race (coupled). Llama through the
-    single-sequence loop; GPT-2 through the batch scheduler (its self-draft batched; torch's
-    per-op path took 82 s of the suite for 10,000 separate requests)."""
+    produces through the residual (rejection) or its own race (coupled). One configuration through
+    the single-sequence loop (the rule that reads q); the others through the batch scheduler (the
+    self-draft batched): 10,000 separate requests on torch's per-op path took 35-82 s each of the
+    suite, the batched runs ~5-11 s."""
     from quickdraft.model.self_draft import SelfDraftModule, SelfDraftShape, save_self_draft
 
     target = pair[0] if arch == "llama" else gpt2_target
@@ -230,7 +231,7 @@ def test_self_draft_sampling_matches_target_distribution(pair, gpt2_target, arch
     save_self_draft(module, target.config, tmp_path / "self_draft")
     params = SamplingParams(temperature, top_k, top_p, rule=rule)  # truncation over -inf logits too
     engine = Engine(target, f"self:{tmp_path / 'self_draft'}", exact=False)
-    if arch == "gpt2":
+    if path == "batched":
         samples = batched_samples(engine, [(params, 3)], N_SAMPLES_MULTI_LAYER)[0]
     else:
         samples = speculative_samples(engine, params, 3, N_SAMPLES_MULTI_LAYER)
