@@ -118,19 +118,20 @@ def _children(
         top = dist.topk(k)
         return top.indices.tolist(), top.values.tolist(), None
     q = dist
-    k = min(k, int((q > 0).sum()))
+    k = min(k, int(torch.count_nonzero(q)))
     if isinstance(sampler, CoupledSampler):
         # The target's token at this position is the race's winner argmax p / E: race q the same way.
         keys = q / sampler.noise(position, q.shape[-1]).to(q.device)
-        drawn = None
+        top = keys.topk(k).indices
+        log_q, drawn = q.index_select(0, top).log(), None
     else:
         assert isinstance(sampler, MultinomialSampler)
         # Gumbel top-k: the k largest log q − log E are k draws without replacement, in drawing order.
         noise = torch.empty_like(q).exponential_(generator=sampler.generator)
-        keys = q.log() - noise.log()
-        drawn = q
-    tokens = keys.topk(k).indices.tolist()
-    return tokens, q[tokens].log().tolist(), drawn
+        log_q_all = q.log()
+        top = (log_q_all - noise.log()).topk(k).indices
+        log_q, drawn = log_q_all.index_select(0, top), q
+    return top.tolist(), log_q.tolist(), drawn
 
 
 def model_expansion(model: Transformer, cache: KVCache, base: int, vocab_limit: int, *,

@@ -417,6 +417,7 @@ class Transformer(nn.Module):
         pos = torch.arange(start, end, device=tokens.device)
         mask = None
         kv_len = end
+        n_layers = self.config.n_layer if exit_layer is None else exit_layer
         if cache is not None:
             if end > cache.capacity:
                 raise ValueError(f"positions up to {end} exceed the KV cache capacity {cache.capacity}")
@@ -425,17 +426,16 @@ class Transformer(nn.Module):
             windowed = window is not None and end > window
             # No mask needed (SDPA's cheaper paths) when every cached key is visible to the single
             # query, or when a prefill from position 0 is plainly causal.
-            if full_window or windowed or (t > 1 and start > 0):
+            if n_layers and (full_window or windowed or (t > 1 and start > 0)):
                 mask = self._attention_mask(pos, kv_len, windowed)
         elif self.config.sliding_window is not None and end > self.config.sliding_window:
             raise ValueError("training without a cache does not apply the sliding window; use shorter sequences")
-        n_layers = self.config.n_layer if exit_layer is None else exit_layer
 
         x = self.embed(tokens)
         rope = None
         if self.pos_embed is not None:
             x = x + self.pos_embed(pos)
-        else:
+        elif n_layers:  # no attention, no rotary table (the statistical tests' embedding-only models)
             rope = self._rope(pos, end)
         return self._run_layers(x, rope, cache, slice(start, end), kv_len, mask, n_layers, collect)
 
@@ -588,23 +588,26 @@ class Transformer(nn.Module):
     def _batched(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, exit_layer: int | None,
                  window: int | None, head: bool) -> torch.Tensor | None:
         window = cache.capacity if window is None else window
-        mask = self._attention_mask(positions.reshape(-1), window, self.config.sliding_window is not None)
+        n_layers = self.config.n_layer if exit_layer is None else exit_layer
         if self.native is not None and tokens.numel() <= NATIVE_MAX_ROWS:
+            mask = self._attention_mask(positions.reshape(-1), window, self.config.sliding_window is not None)
             out = self.native(tokens, positions, positions, mask.view(*positions.shape, window), cache, exit_layer,
                               logits_rows=None if head else 0)
             return out if head else None
-        mask = mask.view(*positions.shape, window)[:, None]  # [B, 1, T, window]
         x = self.embed(tokens)
-        rope = None
         if self.pos_embed is not None:
             # Padding rows may sit past a learned position table (scratch slots at the end of the
             # cache); real rows never do. Their outputs are discarded, so clamping them is harmless.
             x = x + self.pos_embed(positions.clamp(max=self.config.block_size - 1))
-        else:
-            cos, sin = self._rope(positions, cache.capacity)  # [B, T, head_dim]
-            rope = (cos[:, None], sin[:, None])  # broadcast over heads
-        n_layers = self.config.n_layer if exit_layer is None else exit_layer
-        hidden = self._run_layers(x, rope, cache, positions, cache.capacity, mask, n_layers)
+        if n_layers:  # else no attention to prepare (the statistical tests' embedding-only models)
+            mask = self._attention_mask(positions.reshape(-1), window, self.config.sliding_window is not None)
+            mask = mask.view(*positions.shape, window)[:, None]  # [B, 1, T, window]
+            rope = None
+            if self.pos_embed is None:
+                cos, sin = self._rope(positions, cache.capacity)  # [B, T, head_dim]
+                rope = (cos[:, None], sin[:, None])  # broadcast over heads
+            x = self._run_layers(x, rope, cache, positions, cache.capacity, mask, n_layers)
+        hidden = x
         # linear, not prepare_static's transposed copy: at 4-16 rows it is the faster of the two here
         # (embedded draft head, fp32: 200 vs 238 µs at 4 rows; bf16: 114 vs 170 µs).
         return self.logits(hidden) if head else None
