@@ -397,6 +397,28 @@ def test_a_sweep_report_names_a_server_whose_engine_loaded_another_build():
         "none (torch products) in batched speculative.")
 
 
+def test_a_sweep_of_several_rounds_reports_medians_and_the_median_of_each_rounds_ratio():
+    from dataclasses import replace
+
+    from quickdraft.bench.load import LoadReport, sweep_table
+
+    report = LoadReport("m", False, None, 4, 15.0, 32, 10, 0, 0, {}, 0.1, 0.2, 0.5, 0.9, 320, 15.0, 0.0, None,
+                        None, None)
+    # The VM drifts between rounds: speculative runs 1.5x plain within each round, while the medians
+    # of the two configurations over the rounds are 1.2x apart.
+    rates = {"batched speculative": [150.0, 300.0, 240.0], "batched plain": [100.0, 200.0, 160.0],
+             "one at a time": [50.0, 100.0, 40.0]}
+    reports = [replace(report, config=config, tokens_per_s=rate, sweep_round=i, failed=int(config == "batched plain"))
+               for config, series in rates.items() for i, rate in enumerate(series)]
+    rows = {line.split(" | ")[1]: line for line in sweep_table(reports) if line.startswith("| 4 |")}
+    speculative = rows["batched speculative"].split(" | ")
+    assert speculative[2] == "240.0 (150–300)"
+    assert speculative[7] == "3.00× (3.00–6.00)"  # per round: 3, 3, 6
+    assert speculative[8].startswith("1.50× (1.50–1.50)")
+    assert rows["batched plain"].split(" | ")[6] == "3"  # failures summed over the rounds
+    assert "Medians over 3 rounds" in sweep_table(reports)[-1]
+
+
 def test_serve_is_a_quickdraft_subcommand():
     from quickdraft.cli import build_parser
 

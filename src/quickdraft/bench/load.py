@@ -3,6 +3,7 @@
     python -m quickdraft.bench.load                    # 32 clients, 60 s, the embedded pair
     python -m quickdraft.bench.load --clients 8 --duration 10 --json load.json
     python -m quickdraft.bench.load --sweep 1,4,8,16,32 --duration 20 --out load-sweep   # batched vs plain vs one at a time
+    python -m quickdraft.bench.load --sweep 4,16 --repeats 3 --configs "batched speculative,batched plain"
     python -m quickdraft.bench.load --replica-sweep 1,2 --sweep 1,8 --threads 1   # single process vs Ray Serve replicas
 
 The server runs as a subprocess on 127.0.0.1 (so its memory is its own), on the embedded model pair
@@ -22,11 +23,12 @@ import asyncio
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +80,7 @@ class LoadReport:
     mean_accepted_length: float | None = None  # tokens per target forward
     machine: dict[str, Any] = field(default_factory=dict)
     server_kernels: str | None = None  # the kernel build the server's engine loaded (its /health)
+    sweep_round: int = 0  # a sweep's round: each round runs every configuration once, one after another
 
     def lines(self) -> list[str]:
         mib = lambda b: "n/a" if b is None else f"{b / 2**20:.0f} MiB"  # noqa: E731
@@ -491,19 +494,36 @@ def hf_batched_report(clients: int, max_tokens: int, target: str | None, threads
 
 
 def run_sweep(levels: list[int], duration_s: float, max_tokens: int, target: str | None, drafter: str | None,
-              threads: int | None, out: Path) -> list[LoadReport]:
+              threads: int | None, out: Path, repeats: int = 1, configs: list[str] | None = None,
+              hf: bool = True) -> list[LoadReport]:
     """Every configuration at every concurrency level (a fresh server per point), transformers'
-    static batched generate() beside them, then a table with ratios and a plot of aggregate tokens/s."""
+    static batched generate() beside them, then a table with ratios and a plot of aggregate tokens/s.
+
+    ``repeats`` rounds, each running every point once: a configuration's figures are its median
+    over the rounds, and a ratio between two configurations is the median of the ratios within a
+    round (their servers ran minutes apart, not a whole sweep apart: on a VM whose speed drifts by
+    ±20% between consecutive servers, one round's ratios are mostly drift)."""
+    names = configs or list(SWEEP_CONFIGS)
+    unknown = [n for n in names if n not in SWEEP_CONFIGS]
+    if unknown or repeats < 1:
+        raise ValueError(f"unknown sweep configuration {unknown[0]!r}: choose from {', '.join(SWEEP_CONFIGS)}"
+                         if unknown else "repeats must be >= 1")
     reports = []
-    for clients in levels:
-        for name, (max_batch, gamma, server_args) in SWEEP_CONFIGS.items():
-            print(f"sweep: {name}, {clients} clients", file=sys.stderr, flush=True)
-            reports.append(run_load(clients, duration_s, max_tokens, target, drafter, max_batch=max_batch,
-                                    gamma=gamma, threads=threads, config=name, server_args=server_args))
-        print(f"sweep: {HF_BATCHED}, batch {clients}", file=sys.stderr, flush=True)
-        hf = hf_batched_report(clients, max_tokens, target, threads)
-        if hf is not None:
-            reports.append(hf)
+    for round_index in range(repeats):
+        for clients in levels:
+            for name in names:
+                max_batch, gamma, server_args = SWEEP_CONFIGS[name]
+                print(f"sweep round {round_index + 1}/{repeats}: {name}, {clients} clients", file=sys.stderr,
+                      flush=True)
+                report = run_load(clients, duration_s, max_tokens, target, drafter, max_batch=max_batch, gamma=gamma,
+                                  threads=threads, config=name, server_args=server_args)
+                reports.append(replace(report, sweep_round=round_index))
+            if hf:
+                print(f"sweep round {round_index + 1}/{repeats}: {HF_BATCHED}, batch {clients}", file=sys.stderr,
+                      flush=True)
+                hf_report = hf_batched_report(clients, max_tokens, target, threads)
+                if hf_report is not None:
+                    reports.append(replace(hf_report, sweep_round=round_index))
     out.mkdir(parents=True, exist_ok=True)
     (out / "load_sweep.json").write_text(json.dumps([asdict(r) for r in reports], indent=2))
     (out / "load_sweep.md").write_text("\n".join([machine_line(reports[0].machine), servers_kernels_line(reports), "",
@@ -532,21 +552,43 @@ def servers_kernels_line(reports: list[LoadReport]) -> str:
         f"{build} in {', '.join(sorted(configs))}" for build, configs in sorted(builds.items())) + "."
 
 
+def _round_ratios(reports: list[LoadReport], config: str, base: str, clients: int) -> list[float]:
+    """tokens/s of ``config`` over ``base``'s at ``clients``, in every round that ran both."""
+    by_round = {(r.config, r.sweep_round): r for r in reports if r.clients == clients}
+    return [r.tokens_per_s / b.tokens_per_s for (c, round_index), r in sorted(by_round.items())
+            if c == config and (b := by_round.get((base, round_index))) is not None and b.tokens_per_s]
+
+
 def sweep_table(reports: list[LoadReport]) -> list[str]:
-    by = {(r.config, r.clients): r for r in reports}
+    """One row per (clients, configuration): medians over the sweep's rounds, ratios as the median
+    of each round's ratio (the spread of tokens/s and ratios shown when there are several rounds)."""
+    runs: dict[tuple[str, int], list[LoadReport]] = {}
+    for r in reports:
+        runs.setdefault((r.config, r.clients), []).append(r)
+    rounds = max(len(v) for v in runs.values())
     lines = ["| clients | configuration | tokens/s | per request tokens/s | TTFT p50 | TTFT p99 | failed | "
              "vs one at a time | speculative vs plain |", "|---|---|---|---|---|---|---|---|---|"]
-    for (config, clients), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        base = by.get(("one at a time", clients))
-        plain = by.get(("batched plain", clients))
-        per_request = r.max_tokens / r.latency_p50_s if r.latency_p50_s else 0.0
+
+    def ratio(values: list[float]) -> str:
+        if not values:
+            return ""
+        spread = f" ({min(values):.2f}–{max(values):.2f})" if len(values) > 1 else ""
+        return f"{statistics.median(values):.2f}×{spread}"
+
+    for (config, clients), group in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        rates = [r.tokens_per_s for r in group]
+        middle = sorted(group, key=lambda r: r.tokens_per_s)[(len(group) - 1) // 2]  # its latencies
+        per_request = middle.max_tokens / middle.latency_p50_s if middle.latency_p50_s else 0.0
         ttft = lambda v: "–" if v is None else f"{v:.2f} s"  # noqa: E731
-        lines.append(
-            f"| {clients} | {config} | {r.tokens_per_s:.1f} | {per_request:.1f} | {ttft(r.ttft_p50_s)} | "
-            f"{ttft(r.ttft_p99_s)} | {r.failed} | "
-            f"{r.tokens_per_s / base.tokens_per_s:.2f}× | "
-            f"{f'{r.tokens_per_s / plain.tokens_per_s:.2f}×' if config == 'batched speculative' and plain else ''} |"
-            if base and base.tokens_per_s else f"| {clients} | {config} | {r.tokens_per_s:.1f} | | | | {r.failed} | | |")
+        rate = f"{statistics.median(rates):.1f}" + (f" ({min(rates):.0f}–{max(rates):.0f})" if len(rates) > 1 else "")
+        vs_one = ratio(_round_ratios(reports, config, "one at a time", clients)) if config != "one at a time" else (
+            "1.00×" if rates else "")
+        vs_plain = ratio(_round_ratios(reports, config, "batched plain", clients)) if config == "batched speculative" else ""
+        lines.append(f"| {clients} | {config} | {rate} | {per_request:.1f} | {ttft(middle.ttft_p50_s)} | "
+                     f"{ttft(middle.ttft_p99_s)} | {sum(r.failed for r in group)} | {vs_one} | {vs_plain} |")
+    if rounds > 1:
+        lines.append(f"\nMedians over {rounds} rounds (range in brackets); each ratio is the median of the ratios "
+                     "within a round.")
     return lines
 
 
@@ -558,7 +600,13 @@ def _plot_sweep(reports: list[LoadReport], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for config in [*SWEEP_CONFIGS, HF_BATCHED]:
-        points = sorted((r.clients, r.tokens_per_s) for r in reports if r.config == config)
+        by_clients: dict[int, list[float]] = {}
+        for r in reports:
+            if r.config == config:
+                by_clients.setdefault(r.clients, []).append(r.tokens_per_s)
+        if not by_clients:
+            continue
+        points = sorted((c, statistics.median(v)) for c, v in by_clients.items())
         ax.plot([c for c, _ in points], [t for _, t in points], marker="o", label=config)
     ax.set_xlabel("concurrent streaming clients")
     ax.set_ylabel("aggregate tokens/s")
@@ -627,6 +675,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, help="the server's torch threads")
     parser.add_argument("--sweep", help="concurrency levels, e.g. 1,4,8,16,32: every configuration at each")
     parser.add_argument("--out", type=Path, default=Path("load-sweep"), help="the sweep's output directory")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="sweep rounds (medians over them; ratios within each round, then their median)")
+    parser.add_argument("--configs", help=f"the sweep's configurations, comma-separated (default: all: "
+                                          f"{', '.join(SWEEP_CONFIGS)})")
+    parser.add_argument("--no-hf", action="store_true", help="leave transformers' batched generate() out of the sweep")
     parser.add_argument("--replicas", type=int, help="serve on Ray Serve with this many replicas")
     parser.add_argument("--replica-sweep", metavar="COUNTS",
                         help="e.g. 1,2: single-process serving, then Ray Serve with each replica count, at each "
@@ -639,8 +692,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(replica_table(reports)))
         return 0 if all(r.failed == 0 and r.unfinished == 0 for r in reports) else 1
     if args.sweep:
+        configs = [c.strip() for c in args.configs.split(",")] if args.configs else None
         reports = run_sweep([int(c) for c in args.sweep.split(",")], args.duration, args.max_tokens, args.target,
-                            args.drafter, args.threads, args.out)
+                            args.drafter, args.threads, args.out, repeats=args.repeats, configs=configs,
+                            hf=not args.no_hf)
         print("\n".join(sweep_table(reports)))
         return 0 if all(r.failed == 0 and r.unfinished == 0 for r in reports) else 1
     gamma = None if args.gamma is None else (args.gamma if args.gamma == "auto" else int(args.gamma))
