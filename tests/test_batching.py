@@ -280,6 +280,21 @@ def test_the_clock_overrules_goodput_when_plain_steps_commit_more_per_second(eng
     assert chosen[4:].count(0) >= 70 and 3 in chosen[4:]  # plain runs; goodput's γ is measured again now and then
 
 
+def test_a_lone_sequence_follows_goodput_and_a_batch_the_clock(engines, monkeypatch):
+    scheduler = engines["related"].batch_scheduler(6)  # a scheduler of its own: nothing else running
+    monkeypatch.setattr(scheduler, "_goodput_rates", lambda *args: [1000.0, 1200.0, 1300.0, 1500.0])
+    monkeypatch.setattr(MeasuredArms, "choose", lambda self, weights=None: "plain")  # the clock says plain
+    scheduler.submit(mixed_prompts(1)[0], 40, SamplingParams(), "auto")
+    # three steps, 9 drafted tokens: below MIN_EVIDENCE, so acceptance does not cap the draft yet
+    alone = [scheduler.last_gamma for _ in range(3) if scheduler.step() is not None]
+    assert alone == [3] * 3
+    for prompt in mixed_prompts(3):
+        scheduler.submit(prompt, 40, SamplingParams(), "auto")
+    scheduler.step()  # admits and prefills the new ones
+    together = [scheduler.last_gamma for _ in range(5) if scheduler.step() is not None]
+    assert together == [0] * 5
+
+
 def test_the_clock_weighs_each_arm_by_goodputs_prediction_for_this_batch():
     arms = MeasuredArms(("goodput", "plain"), first_tries=1)
     arms.observe("goodput", 1.0, 1.0)  # both arms' steps ran as goodput predicted (efficiency 1)
