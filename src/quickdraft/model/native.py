@@ -75,10 +75,7 @@ class NativeForward:
     def _cache_inputs(self, cache: KVCache, batch: int, positions_end: int) -> tuple[torch.Tensor, ...]:
         """The RoPE tables, covering positions [0, positions_end), and the keys and values of the
         cache's first ``batch`` entries, as the kernels take them."""
-        model = self.model
-        model._rope(torch.zeros(1, dtype=torch.long, device=model.device), positions_end)
-        assert model._rope_table is not None
-        cos, signed_sin = model._rope_table
+        cos, signed_sin = self.model.rope_table(positions_end)
         # A batched step's cache is already a view of exactly its entries (KVCache.first)
         entries = cache if cache.batch == batch else cache.first(batch)
         return cos, signed_sin, entries.keys, entries.values

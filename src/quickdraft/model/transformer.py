@@ -330,6 +330,11 @@ class Transformer(nn.Module):
         return KVCache(c.n_layer, c.n_kv_head, c.head_dim, capacity, batch=batch, dtype=self.dtype, device=self.device)
 
     def _rope(self, positions: torch.Tensor, length_needed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        table = self.rope_table(length_needed)
+        return table[0][positions], table[1][positions]
+
+    def rope_table(self, length_needed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, signed sin) [positions, head_dim] covering positions [0, length_needed), built or grown on demand."""
         table = self._rope_table
         if table is None or table[0].shape[0] < length_needed:
             size = max(length_needed, 256)
@@ -339,7 +344,7 @@ class Transformer(nn.Module):
             signed_sin = torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
             table = (emb.cos().to(self.dtype), signed_sin.to(self.dtype))
             self._rope_table = table
-        return table[0][positions], table[1][positions]
+        return table
 
     def forward(
         self,
@@ -525,7 +530,7 @@ class Transformer(nn.Module):
         every target forward; ``x @ Wᵀ`` with Wᵀ contiguous streams it faster than ``linear``
         (embedded draft, cold cache: 0.18 vs 0.29 ms)."""
         if self.pos_embed is None:
-            self._rope(torch.zeros(1, dtype=torch.long, device=self.device), capacity)
+            self.rope_table(capacity)
         weight = self.lm_head.weight
         if (self._lm_head_t is None and not self.products_packed
                 and weight.numel() * weight.element_size() <= LM_HEAD_COPY_LIMIT_BYTES):
