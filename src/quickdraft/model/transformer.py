@@ -594,28 +594,27 @@ class Transformer(nn.Module):
                  window: int | None, head: bool) -> torch.Tensor | None:
         window = cache.capacity if window is None else window
         n_layers = self.config.n_layer if exit_layer is None else exit_layer
-        if self.native is not None and tokens.numel() <= NATIVE_MAX_ROWS:
-            mask = self._attention_mask(positions.reshape(-1), window, self.config.sliding_window is not None)
-            out = self.native(tokens, positions, positions, mask.view(*positions.shape, window), cache, exit_layer,
-                              logits_rows=None if head else 0)
+        native = self.native is not None and tokens.numel() <= NATIVE_MAX_ROWS
+        # [B, T, window]; none for an embedding-only model's torch path (the statistical tests' bigram models)
+        mask = (self._attention_mask(positions.reshape(-1), window, self.config.sliding_window is not None)
+                .view(*positions.shape, window) if native or n_layers else None)
+        if native:
+            out = self.native(tokens, positions, positions, mask, cache, exit_layer, logits_rows=None if head else 0)
             return out if head else None
         x = self.embed(tokens)
         if self.pos_embed is not None:
             # Padding rows may sit past a learned position table (scratch slots at the end of the
             # cache); real rows never do. Their outputs are discarded, so clamping them is harmless.
             x = x + self.pos_embed(positions.clamp(max=self.config.block_size - 1))
-        if n_layers:  # else no attention to prepare (the statistical tests' embedding-only models)
-            mask = self._attention_mask(positions.reshape(-1), window, self.config.sliding_window is not None)
-            mask = mask.view(*positions.shape, window)[:, None]  # [B, 1, T, window]
+        if mask is not None:
             rope = None
             if self.pos_embed is None:
                 cos, sin = self._rope(positions, cache.capacity)  # [B, T, head_dim]
                 rope = (cos[:, None], sin[:, None])  # broadcast over heads
-            x = self._run_layers(x, rope, cache, positions, cache.capacity, mask, n_layers)
-        hidden = x
+            x = self._run_layers(x, rope, cache, positions, cache.capacity, mask[:, None], n_layers)  # [B, 1, T, window]
         # linear, not prepare_static's transposed copy: at 4-16 rows it is the faster of the two here
         # (embedded draft head, fp32: 200 vs 238 µs at 4 rows; bf16: 114 vs 170 µs).
-        return self.logits(hidden) if head else None
+        return self.logits(x) if head else None
 
     def forward_tree(
         self,
