@@ -3,7 +3,7 @@
     python -m quickdraft.bench.load                    # 32 clients, 60 s, the embedded pair
     python -m quickdraft.bench.load --clients 8 --duration 10 --json load.json
     python -m quickdraft.bench.load --sweep 1,4,8,16,32 --duration 20 --out load-sweep   # batched vs plain vs one at a time
-    python -m quickdraft.bench.load --sweep 4,16 --repeats 3 --configs "batched speculative,batched plain"
+    python -m quickdraft.bench.load --sweep 4,16 --repeats 3 --config "batched speculative" --config "batched plain"
     python -m quickdraft.bench.load --replica-sweep 1,2 --sweep 1,8 --threads 1   # single process vs Ray Serve replicas
 
 The server runs as a subprocess on 127.0.0.1 (so its memory is its own), on the embedded model pair
@@ -504,10 +504,11 @@ def run_sweep(levels: list[int], duration_s: float, max_tokens: int, target: str
     round (their servers ran minutes apart, not a whole sweep apart: on a VM whose speed drifts by
     ±20% between consecutive servers, one round's ratios are mostly drift)."""
     names = configs or list(SWEEP_CONFIGS)
-    unknown = [n for n in names if n not in SWEEP_CONFIGS]
-    if unknown or repeats < 1:
-        raise ValueError(f"unknown sweep configuration {unknown[0]!r}: choose from {', '.join(SWEEP_CONFIGS)}"
-                         if unknown else "repeats must be >= 1")
+    for name in names:
+        if name not in SWEEP_CONFIGS:
+            raise ValueError(f"unknown sweep configuration {name!r}: choose from {', '.join(SWEEP_CONFIGS)}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     reports = []
     for round_index in range(repeats):
         for clients in levels:
@@ -581,8 +582,7 @@ def sweep_table(reports: list[LoadReport]) -> list[str]:
         per_request = middle.max_tokens / middle.latency_p50_s if middle.latency_p50_s else 0.0
         ttft = lambda v: "–" if v is None else f"{v:.2f} s"  # noqa: E731
         rate = f"{statistics.median(rates):.1f}" + (f" ({min(rates):.0f}–{max(rates):.0f})" if len(rates) > 1 else "")
-        vs_one = ratio(_round_ratios(reports, config, "one at a time", clients)) if config != "one at a time" else (
-            "1.00×" if rates else "")
+        vs_one = ratio(_round_ratios(reports, config, "one at a time", clients)) if config != "one at a time" else "1.00×"
         vs_plain = ratio(_round_ratios(reports, config, "batched plain", clients)) if config == "batched speculative" else ""
         lines.append(f"| {clients} | {config} | {rate} | {per_request:.1f} | {ttft(middle.ttft_p50_s)} | "
                      f"{ttft(middle.ttft_p99_s)} | {sum(r.failed for r in group)} | {vs_one} | {vs_plain} |")
@@ -677,8 +677,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("load-sweep"), help="the sweep's output directory")
     parser.add_argument("--repeats", type=int, default=1,
                         help="sweep rounds (medians over them; ratios within each round, then their median)")
-    parser.add_argument("--configs", help=f"the sweep's configurations, comma-separated (default: all: "
-                                          f"{', '.join(SWEEP_CONFIGS)})")
+    parser.add_argument("--config", action="append", choices=list(SWEEP_CONFIGS), dest="configs",
+                        help="a configuration of the sweep, repeated for several (default: all)")
     parser.add_argument("--no-hf", action="store_true", help="leave transformers' batched generate() out of the sweep")
     parser.add_argument("--replicas", type=int, help="serve on Ray Serve with this many replicas")
     parser.add_argument("--replica-sweep", metavar="COUNTS",
@@ -692,9 +692,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(replica_table(reports)))
         return 0 if all(r.failed == 0 and r.unfinished == 0 for r in reports) else 1
     if args.sweep:
-        configs = [c.strip() for c in args.configs.split(",")] if args.configs else None
+        if args.repeats < 1:
+            parser.error(f"--repeats must be >= 1, got {args.repeats}")
         reports = run_sweep([int(c) for c in args.sweep.split(",")], args.duration, args.max_tokens, args.target,
-                            args.drafter, args.threads, args.out, repeats=args.repeats, configs=configs,
+                            args.drafter, args.threads, args.out, repeats=args.repeats, configs=args.configs,
                             hf=not args.no_hf)
         print("\n".join(sweep_table(reports)))
         return 0 if all(r.failed == 0 and r.unfinished == 0 for r in reports) else 1
