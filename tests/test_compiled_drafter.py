@@ -144,11 +144,15 @@ def test_compiled_target_steps_keep_plain_and_speculative_greedy_output(checkpoi
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_exact_mode_on_compiled_target_steps_is_bit_identical_to_its_plain_decoding(checkpoints, models, dtype):
+    # fp32 shares the module's target graphs (row buckets 1, 2, 3, 5). bf16 is a model of its own, and
+    # each of its graphs costs ~40 s of C++ compilation on a machine with a cold inductor cache (CI's
+    # fresh clone): it builds buckets 1 and 2 only (plain steps and γ = 1 verifies).
     target = models["target"] if dtype == "fp32" else load_model(checkpoints["target"], dtype=dtype)
-    engine = Engine(target, load_model(checkpoints["related"]), exact=True, compile_target=True)
+    max_gamma = 4 if dtype == "fp32" else 1
+    engine = Engine(target, load_model(checkpoints["related"]), exact=True, compile_target=True, max_gamma=max_gamma)
     prompt = list(range(5, 40))
     plain = engine.generate(prompt, 48, gamma=0)
-    for gamma in (1, 4, "auto"):
+    for gamma in sorted({1, max_gamma}) + ["auto"]:
         spec = engine.generate(prompt, 48, gamma=gamma)
         assert spec.token_ids == plain.token_ids, gamma
         assert spec.stats.accepted > 0
