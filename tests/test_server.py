@@ -24,6 +24,7 @@ from quickdraft import Engine, kernels  # noqa: E402
 from quickdraft.model.loader import load_model  # noqa: E402
 from quickdraft.server.app import create_app  # noqa: E402
 from quickdraft.server.cli import BackgroundServer  # noqa: E402
+from quickdraft.server.schemas import UNSUPPORTED  # noqa: E402
 
 MODEL = "tiny"
 DRAFTER = "prompt-lookup"  # cheap, and accepts often on a random model's repetitive text
@@ -250,6 +251,12 @@ BAD_REQUESTS = [
     ("max_tokens zero", {"model": MODEL, "prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
     ("max_tokens a float", {"model": MODEL, "prompt": "hi", "max_tokens": 3.5}, 400, "max_tokens"),
     ("n of two", {"model": MODEL, "prompt": "hi", "n": 2}, 400, "n"),
+    # OpenAI parameters quickdraft does not implement: refused by name, never silently ignored
+    ("a presence penalty", {"model": MODEL, "prompt": "hi", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ("a frequency penalty", {"model": MODEL, "prompt": "hi", "frequency_penalty": -1}, 400, "frequency_penalty"),
+    ("a logit bias", {"model": MODEL, "prompt": "hi", "logit_bias": {"50256": -100}}, 400, "logit_bias"),
+    ("logprobs", {"model": MODEL, "prompt": "hi", "logprobs": 1}, 400, "logprobs"),
+    ("best_of two", {"model": MODEL, "prompt": "hi", "best_of": 2}, 400, "best_of"),
     ("stream not a bool", {"model": MODEL, "prompt": "hi", "stream": "yes"}, 400, "stream"),
     ("too many stops", {"model": MODEL, "prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ("negative seed", {"model": MODEL, "prompt": "hi", "seed": -1}, 400, "seed"),
@@ -261,6 +268,9 @@ BAD_REQUESTS = [
 ]
 BAD_CHAT_REQUESTS = [
     ("no messages", {"model": MODEL, "messages": []}, 400, "messages"),
+    ("logprobs", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "logprobs"),
+    ("top_logprobs", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, 400,
+     "top_logprobs"),
     ("unknown role", {"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
     ("content of the wrong type", {"model": MODEL, "messages": [{"role": "user", "content": 5}]}, 400, None),
     ("chat longer than the context", {"model": MODEL, "messages": [{"role": "user", "content": "y" * 600}]}, 400,
@@ -283,6 +293,20 @@ def test_invalid_request_gets_an_openai_error(server, path, name, body, status, 
     assert error["message"] and error["type"] == "invalid_request_error"
     if param is not None:
         assert error["param"] == param
+    if param in UNSUPPORTED:
+        assert error["message"] == f"{param}: not supported by quickdraft; send {UNSUPPORTED[param]} or leave it out"
+
+
+def test_unsupported_openai_parameters_are_accepted_at_their_off_value(server):
+    """What OpenAI's clients send by default (penalties 0, no bias, no logprobs) is not refused."""
+    off = {"presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "max_tokens": 2, "temperature": 0}
+    completion = httpx.post(server.url + "/v1/completions",
+                            json={"model": MODEL, "prompt": "hi", "logprobs": None, "best_of": 1, **off})
+    chat = httpx.post(server.url + "/v1/chat/completions",
+                      json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "logprobs": False,
+                            "top_logprobs": 0, **off})
+    assert completion.status_code == 200, completion.text
+    assert chat.status_code == 200, chat.text
 
 
 def test_the_openai_client_raises_its_own_errors(client):

@@ -52,6 +52,7 @@ from quickdraft.server.schemas import (
     Health,
     ModelCard,
     ModelList,
+    UNSUPPORTED,
     SamplingFields,
 )
 from quickdraft.server.worker import EngineWorker, GenerationJob, NotRun, QueueFull, RequestQueue
@@ -113,6 +114,9 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
             return f"the request body is not valid JSON ({reason})", None
         where = _param_name(err.get("loc", ()))
         message = err.get("msg", "invalid value")
+        if where.split(".")[0] in UNSUPPORTED:
+            name = where.split(".")[0]
+            where, message = name, f"not supported by quickdraft; send {UNSUPPORTED[name]} or leave it out"
         if where == "body":  # no JSON object at all: missing, a list, or not sent as JSON
             message = "the request body must be a JSON object, sent with Content-Type: application/json"
         if message not in by_param.setdefault(where, []):

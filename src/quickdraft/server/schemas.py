@@ -41,6 +41,15 @@ def Integer(**constraints: int) -> Any:
     before the validator, or pydantic leaves them out of the JSON schema.)"""
     return Annotated[int, Field(**constraints), BeforeValidator(_integer)]
 
+def Off(kind: Any) -> Any:
+    """A number of an OpenAI parameter quickdraft does not implement: 0 only (see UNSUPPORTED)."""
+    return Annotated[kind, Field(ge=0, le=0, allow_inf_nan=False)]
+
+
+# Parameters accepted at their "off" value only, and the value to send instead.
+UNSUPPORTED = {"presence_penalty": "0", "frequency_penalty": "0", "logit_bias": "{}", "logprobs": "null",
+               "top_logprobs": "null", "best_of": "1"}
+
 Temperature = Annotated[StrictFloat, Field(ge=0.0, le=2.0, allow_inf_nan=False)]
 TopP = Annotated[StrictFloat, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
 
@@ -76,6 +85,17 @@ class SamplingFields(BaseModel):
         None, description="How sampled drafts are verified: 'coupled' (a seed reproduces its text whatever gamma), "
         "'rejection' (min(1, p/q)), or 'auto' (default: coupled when a seed is given)."
     )
+    # OpenAI parameters quickdraft does not implement are accepted at their "off" value only (the schema
+    # says so): a client that sets one gets a 400 naming it, not output that silently ignores it.
+    presence_penalty: Off(StrictFloat | int) | None = Field(
+        None, description="Not supported: only 0 (no penalty) is accepted, so that a penalty is never silently ignored."
+    )
+    frequency_penalty: Off(StrictFloat | int) | None = Field(
+        None, description="Not supported: only 0 (no penalty) is accepted, so that a penalty is never silently ignored."
+    )
+    logit_bias: Annotated[dict[str, StrictFloat | int], Field(max_length=0)] | None = Field(
+        None, description="Not supported: only an empty object is accepted."
+    )
     user: StrictStr | None = None
 
     def stop_list(self) -> list[str]:
@@ -90,6 +110,8 @@ class CompletionRequest(SamplingFields):
     )
     max_tokens: Integer(ge=1) | None = Field(16, description="Default 16 (OpenAI's default).")
     echo: StrictBool | None = False
+    logprobs: None = Field(None, description="Not supported: only null is accepted.")
+    best_of: Integer(ge=1, le=1) | None = Field(None, description="Only 1 is supported.")
 
 
 class TextPart(BaseModel):
@@ -120,6 +142,8 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Integer(ge=1) | None = Field(
         None, description="OpenAI's newer name for max_tokens; takes precedence."
     )
+    logprobs: Literal[False] | None = Field(None, description="Not supported: only false or null is accepted.")
+    top_logprobs: Integer(ge=0, le=0) | None = Field(None, description="Not supported: only 0 or null is accepted.")
 
 
 # ---- responses ------------------------------------------------------------------------------
