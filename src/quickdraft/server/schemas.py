@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 OPENAI_MAX_STOP = 4
 MAX_SEED = 2**63 - 1
@@ -40,6 +40,7 @@ def Integer(**constraints: int) -> Any:
     """An integer as JSON Schema means it: 3 and 3.0, not "3", True or 3.5. (The constraints must come
     before the validator, or pydantic leaves them out of the JSON schema.)"""
     return Annotated[int, Field(**constraints), BeforeValidator(_integer)]
+
 
 def Off(kind: Any) -> Any:
     """A number of an OpenAI parameter quickdraft does not implement: 0 only (see UNSUPPORTED)."""
@@ -87,13 +88,13 @@ class SamplingFields(BaseModel):
     )
     # OpenAI parameters quickdraft does not implement are accepted at their "off" value only (the schema
     # says so): a client that sets one gets a 400 naming it, not output that silently ignores it.
-    presence_penalty: Off(StrictFloat | int) | None = Field(
+    presence_penalty: Off(StrictFloat | StrictInt) | None = Field(
         None, description="Not supported: only 0 (no penalty) is accepted, so that a penalty is never silently ignored."
     )
-    frequency_penalty: Off(StrictFloat | int) | None = Field(
+    frequency_penalty: Off(StrictFloat | StrictInt) | None = Field(
         None, description="Not supported: only 0 (no penalty) is accepted, so that a penalty is never silently ignored."
     )
-    logit_bias: Annotated[dict[str, StrictFloat | int], Field(max_length=0)] | None = Field(
+    logit_bias: Annotated[dict[str, StrictFloat | StrictInt], Field(max_length=0)] | None = Field(
         None, description="Not supported: only an empty object is accepted."
     )
     user: StrictStr | None = None
