@@ -70,6 +70,7 @@ def test_info_describes_the_model(text_models, capsys):
         (["--temperature", "-1"], "temperature must be"),
         (["--top-p", "0"], "top_p must be in"),
         (["--max-new-tokens", "100000"], "exceeds the context"),
+        (["--frequency-penalty", "3"], "frequency_penalty must be a number in [-2, 2]"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(text_models, capsys, args, message):
@@ -110,6 +111,16 @@ def test_a_seed_gives_the_same_text_whatever_gamma(text_models, capsys):
               "--max-new-tokens", "24", "--temperature", "0.8", "--seed", "7", "--json"]
     texts = {run_json(capsys, *common, "--gamma", gamma)["text"] for gamma in ("0", "1", "4", "auto")}
     assert len(texts) == 1
+
+
+def test_penalties_give_the_penalized_targets_own_greedy_text(text_models, capsys):
+    target, draft = text_models
+    common = ["generate", "--target", str(target), "--draft", str(draft), "--prompt", "def f(x):",
+              "--max-new-tokens", "24", "--json"]
+    penalties = ["--frequency-penalty", "1.0", "--presence-penalty", "0.5"]
+    penalized = {g: run_json(capsys, *common, *penalties, "--gamma", g)["token_ids"] for g in ("0", "3", "auto")}
+    assert penalized["0"] == penalized["3"] == penalized["auto"]
+    assert penalized["0"] != run_json(capsys, *common, "--gamma", "0")["token_ids"]
 
 
 def test_an_unknown_sampling_rule_exits_2(text_models, capsys):

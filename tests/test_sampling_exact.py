@@ -13,6 +13,7 @@ covered by a 2-layer target with a draft model, early exit and prompt lookup."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -84,7 +85,7 @@ def speculative_samples(
     out = np.empty((n, 3), dtype=np.int64)
     for i in range(n):
         ids: list[int] = []
-        sampling = SamplingParams(params.temperature, params.top_k, params.top_p, seed=i, rule=params.rule)
+        sampling = dataclasses.replace(params, seed=i)
         # max_new_tokens leaves room for a full draft of gamma in the first step
         for event in engine.stream(prompt, 3 + gamma, sampling, gamma):
             ids.extend(event.token_ids)
@@ -115,7 +116,7 @@ def batched_samples(engine: Engine, configs: list[tuple[SamplingParams, int]], n
 
     for i in range(n):
         for config, (params, gamma) in enumerate(configs):
-            sampling = SamplingParams(params.temperature, params.top_k, params.top_p, seed=i, rule=params.rule)
+            sampling = dataclasses.replace(params, seed=i)
             # max_new_tokens leaves room for a full draft of gamma in the first step; the request is
             # withdrawn once it holds the 3 tokens tested (its later steps were ~40% of the run)
             request = scheduler.submit(prompt, 3 + gamma, sampling, gamma)

@@ -20,7 +20,7 @@ from hf_factory import make_hf_checkpoint  # noqa: E402
 from server_helpers import hang_up_after_first_token, metric, wait_for  # noqa: E402
 from tokenizer_factory import write_char_tokenizer  # noqa: E402
 
-from quickdraft import Engine, kernels  # noqa: E402
+from quickdraft import Engine, SamplingParams, kernels  # noqa: E402
 from quickdraft.model.loader import load_model  # noqa: E402
 from quickdraft.server.app import create_app  # noqa: E402
 from quickdraft.server.cli import BackgroundServer  # noqa: E402
@@ -117,6 +117,19 @@ def test_greedy_completion_on_token_ids_equals_engine(client, engine):
     assert response.choices[0].text == expected.text
     assert response.usage.prompt_tokens == len(ids)
     assert response.usage.completion_tokens == len(expected.token_ids)
+
+
+def test_penalties_and_logit_bias_reach_the_engine(client, engine):
+    ids = [40, 41, 42, 43, 40, 41, 42]
+    sent = dict(frequency_penalty=1.2, presence_penalty=0.5, logit_bias={"44": 2.5, "40": -100})
+    response = client.completions.create(model=MODEL, prompt=ids, max_tokens=16, temperature=0, **sent)
+    expected = engine.generate(ids, 16, SamplingParams(frequency_penalty=1.2, presence_penalty=0.5,
+                                                       logit_bias={44: 2.5, 40: -100}), gamma="auto")
+    assert response.choices[0].text == expected.text
+    assert expected.text != engine.generate(ids, 16, gamma="auto").text
+    forced = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+                                            temperature=0, logit_bias={str(engine.encode("z")[0]): 100})
+    assert forced.choices[0].message.content == "z" * 5
 
 
 def test_greedy_chat_equals_generate_on_the_chat_template(client, engine):
@@ -251,10 +264,15 @@ BAD_REQUESTS = [
     ("max_tokens zero", {"model": MODEL, "prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
     ("max_tokens a float", {"model": MODEL, "prompt": "hi", "max_tokens": 3.5}, 400, "max_tokens"),
     ("n of two", {"model": MODEL, "prompt": "hi", "n": 2}, 400, "n"),
+    ("a presence penalty above 2", {"model": MODEL, "prompt": "hi", "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ("a frequency penalty below -2", {"model": MODEL, "prompt": "hi", "frequency_penalty": -3}, 400,
+     "frequency_penalty"),
+    ("a penalty as a string", {"model": MODEL, "prompt": "hi", "frequency_penalty": "0.5"}, 400, "frequency_penalty"),
+    ("a logit bias on a token beyond the vocabulary", {"model": MODEL, "prompt": "hi", "logit_bias": {"50256": -100}},
+     400, "logit_bias"),
+    ("a logit bias keyed by a word", {"model": MODEL, "prompt": "hi", "logit_bias": {"hello": 5}}, 400, "logit_bias.hello"),
+    ("a logit bias above 100", {"model": MODEL, "prompt": "hi", "logit_bias": {"5": 101}}, 400, "logit_bias.5"),
     # OpenAI parameters quickdraft does not implement: refused by name, never silently ignored
-    ("a presence penalty", {"model": MODEL, "prompt": "hi", "presence_penalty": 0.5}, 400, "presence_penalty"),
-    ("a frequency penalty", {"model": MODEL, "prompt": "hi", "frequency_penalty": -1}, 400, "frequency_penalty"),
-    ("a logit bias", {"model": MODEL, "prompt": "hi", "logit_bias": {"50256": -100}}, 400, "logit_bias"),
     ("logprobs", {"model": MODEL, "prompt": "hi", "logprobs": 1}, 400, "logprobs"),
     ("best_of two", {"model": MODEL, "prompt": "hi", "best_of": 2}, 400, "best_of"),
     ("stream not a bool", {"model": MODEL, "prompt": "hi", "stream": "yes"}, 400, "stream"),
@@ -297,7 +315,7 @@ def test_invalid_request_gets_an_openai_error(server, path, name, body, status, 
         assert error["message"] == f"{param}: not supported by quickdraft; send {UNSUPPORTED[param]} or leave it out"
 
 
-def test_unsupported_openai_parameters_are_accepted_at_their_off_value(server):
+def test_openai_parameters_at_their_off_value_are_accepted(server):
     """What OpenAI's clients send by default (penalties 0, no bias, no logprobs) is not refused."""
     off = {"presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "max_tokens": 2, "temperature": 0}
     completion = httpx.post(server.url + "/v1/completions",

@@ -28,6 +28,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance  # noqa: 
 
 MODEL = "tiny"
 MAX_EXAMPLES = int(os.environ.get("QUICKDRAFT_SCHEMA_EXAMPLES", "25"))
+VOCAB = 96  # the char tokenizer's
 MAX_GENERATED = 8  # tokens: keeps each generation short, so the run fits its time budget
 
 
@@ -47,8 +48,8 @@ def api_schema(served):
 
     @schema.hook
     def map_body(context, body):
-        """Most requests name the served model (else nearly all would stop at 404), and
-        generations are capped at a few tokens."""
+        """Most requests name the served model (else nearly all would stop at 404), and their token
+        ids (prompts, biases) are in its vocabulary; generations are capped at a few tokens."""
         if not isinstance(body, dict):
             return body
         body = dict(body)
@@ -58,6 +59,13 @@ def api_schema(served):
             value = body.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and MAX_GENERATED < value < 10_000:
                 body[key] = MAX_GENERATED
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) % 7 != 3 and all(
+                isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0 for t in prompt):
+            body["prompt"] = [type(t)(int(t) % VOCAB) for t in prompt]  # most within the vocabulary
+        bias = body.get("logit_bias")
+        if isinstance(bias, dict) and len(bias) % 7 != 3 and all(isinstance(k, str) and k.isdigit() for k in bias):
+            body["logit_bias"] = {str(int(k) % VOCAB): v for k, v in bias.items()}  # most within the vocabulary
         if "messages" in body and body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
             body["max_tokens"] = MAX_GENERATED  # chat's default is the rest of the context
         return body

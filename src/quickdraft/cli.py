@@ -128,7 +128,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     engine = build_engine(args)
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                              rule=args.sampling_rule)
+                              rule=args.sampling_rule, presence_penalty=args.presence_penalty,
+                              frequency_penalty=args.frequency_penalty)
     gamma = args.gamma if engine.drafter is not None else 0
     if args.json:
         result = engine.generate(args.prompt, args.max_new_tokens, sampling, gamma, args.stop)
@@ -224,6 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--sampling-rule", default="auto",
                      help="how sampled drafts are verified: coupled (reproducible per seed), rejection "
                      "(min(1, p/q): accepts a little more often), or auto (default: coupled when --seed is given)")
+    gen.add_argument("--presence-penalty", type=float, default=0.0, metavar="P",
+                     help="subtract P (in [-2, 2]) from the logit of every token already generated (as OpenAI's)")
+    gen.add_argument("--frequency-penalty", type=float, default=0.0, metavar="F",
+                     help="subtract F (in [-2, 2]) per time a token was already generated (as OpenAI's): "
+                     "0.3-0.5 curbs a small model's loops; the output stays the penalized target's own, exactly")
     gen.add_argument("--gamma", type=gamma_arg, default="auto",
                      help="draft length: an integer (0 = plain decoding) or 'auto'")
     gen.add_argument("--tree", type=tree_arg, metavar="NODES",

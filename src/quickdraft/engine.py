@@ -21,6 +21,7 @@ from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.loader import LoadedModel, default_draft_dtype, load_model
 from quickdraft.model.tokenizer import decode_ids, encode_prompt
 from quickdraft.output import GenerationResult, RequestOutput, StreamEvent
+from quickdraft.logit_adjust import LogitAdjuster
 from quickdraft.randomness import TokenSampler, sampler_for
 from quickdraft.sampling import GREEDY, SamplingParams
 from quickdraft.stats import GenerationStats
@@ -303,6 +304,7 @@ class Engine:
             stop = [stop]
         prompt_ids = self.encode(prompt)
         self.check_lengths(len(prompt_ids), max_new_tokens)
+        adjuster = LogitAdjuster.for_request(sampling, self.vocab_limit)
         if tree and self.tree_shape is None:
             raise QuickdraftError("this engine speculates with chains: build it with tree_nodes=N for token trees")
         plan = self._tree_plan if self.tree_shapes and tree is not False and gamma != 0 else None
@@ -314,7 +316,8 @@ class Engine:
         stats = GenerationStats(prompt_tokens=len(prompt_ids), exact=self.exact, exact_rows=self.exact_rows,
                                 drafter=drafter.name if drafter else None)
         output = RequestOutput(self.decode, stop, self.eos_token_ids, max_new_tokens, prompt_ids, stats)
-        for new_ids in self._decode_loop(prompt_ids, max_new_tokens, sampling, drafter, controller, stats, plan):
+        for new_ids in self._decode_loop(prompt_ids, max_new_tokens, sampling, drafter, controller, stats, plan,
+                                         adjuster):
             event = output.add(new_ids)
             if event is not None:
                 yield event
@@ -335,6 +338,7 @@ class Engine:
         controller: GammaController,
         stats: GenerationStats,
         plan: TreePlan | None = None,
+        adjuster: LogitAdjuster | None = None,
     ) -> Iterator[list[int]]:
         """Yields the tokens committed at each step. Invariant: after each step the target cache
         holds every committed token but the last (which the next forward feeds)."""
@@ -366,10 +370,10 @@ class Engine:
             shape = plan.next_shape() if plan is not None else None
             if shape is not None and drafter is not None and max_new_tokens - generated > 1:
                 new = self._tree_step(tokens, cache, drafter, shape, max_new_tokens - generated - 1, sampling, sampler,
-                                      stats)
+                                      stats, adjuster)
             else:
                 new = self._chain_step(tokens, cache, drafter, controller, max_new_tokens - generated - 1, sampling,
-                                       sampler, confidence_stop, rows, stats)
+                                       sampler, confidence_stop, rows, stats, adjuster)
             generated += len(new)
             stats.decode_seconds = time.perf_counter() - decode_start
             if plan is not None:
@@ -378,7 +382,7 @@ class Engine:
 
     def _chain_step(self, tokens: list[int], cache: KVCache, drafter: Drafter | None, controller: GammaController,
                     room: int, sampling: SamplingParams, sampler: TokenSampler, confidence_stop: float | None,
-                    rows: int, stats: GenerationStats) -> list[int]:
+                    rows: int, stats: GenerationStats, adjuster: LogitAdjuster | None = None) -> list[int]:
         """Draft up to ``room`` tokens (γ by ``controller``; none without a drafter), verify them in
         one target forward of ``rows`` rows (0: as many as fed), commit. Extends ``tokens``; returns
         the committed tokens."""
@@ -398,12 +402,16 @@ class Engine:
             drafter_seconds = steps / draft.forward_calls if draft.forward_calls else None
         t0 = time.perf_counter()
         logits = self._target_forward([tokens[-1], *draft.tokens], cache, pad_to=rows)
+        if adjuster is not None:
+            logits = adjuster.chain_rows(logits, draft.tokens)
         p = target_probabilities(logits, sampling, sampler)
         n, nxt = verify_step(draft.tokens, draft.q, logits, p, sampling, sampler, len(tokens))
         target_seconds = time.perf_counter() - t0
         stats.target_seconds += target_seconds
         new = [*draft.tokens[:n], nxt]
         tokens.extend(new)
+        if adjuster is not None:
+            adjuster.commit(new)
         sampler.forget_before(len(tokens))
         cache.set_length(len(tokens) - 1)
         if drafter is not None and k > 0:
@@ -413,7 +421,8 @@ class Engine:
         return new
 
     def _tree_step(self, tokens: list[int], cache: KVCache, drafter: Drafter, shape: TreeShape, room: int,
-                   sampling: SamplingParams, sampler: TokenSampler, stats: GenerationStats) -> list[int]:
+                   sampling: SamplingParams, sampler: TokenSampler, stats: GenerationStats,
+                   adjuster: LogitAdjuster | None = None) -> list[int]:
         """Draft a tree, verify every node in one target forward, commit the accepted path and move
         its keys and values behind the prefix. Extends ``tokens``; returns the committed tokens."""
         if shape.depth > room:
@@ -424,6 +433,8 @@ class Engine:
         stats.drafter_calls += tree.forward_calls
         t0 = time.perf_counter()
         logits = self._tree_forward(tokens[-1], len(tokens) - 1, tree, cache, pad_to=self._pad_rows)
+        if adjuster is not None:
+            logits = adjuster.tree_rows(logits, tree)
         p = target_probabilities(logits, sampling, sampler)
         path, nxt = verify_tree(tree, logits, p, sampling, sampler, len(tokens))
         prefix = len(tokens)  # slots [0, prefix) hold the committed tokens, the root last; node i is at prefix + i
@@ -431,6 +442,8 @@ class Engine:
         stats.target_seconds += time.perf_counter() - t0
         new = [*(tree.tokens[i] for i in path), nxt]
         tokens.extend(new)
+        if adjuster is not None:
+            adjuster.commit(new)
         sampler.forget_before(len(tokens))
         cache.set_length(len(tokens) - 1)
         drafter.accept_path(path)

@@ -50,6 +50,7 @@ from quickdraft.output import RequestOutput, StreamEvent
 from quickdraft.randomness import TokenSampler, sampler_for
 from quickdraft.sampling import GREEDY, SamplingParams
 from quickdraft.stats import GenerationStats
+from quickdraft.logit_adjust import LogitAdjuster
 from quickdraft.verify import grouped_target_probabilities, verify_batch
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ class BatchRequest:
     controller: GammaController
     sampler: TokenSampler
     cancelled: Callable[[], bool] | None = None
+    adjuster: LogitAdjuster | None = None  # penalties and logit bias, when the request has any
     tokens: list[int] = field(default_factory=list)
     slot: int | None = None
     prefilled: int = 0  # prompt tokens (all but the last) already in the target cache
@@ -205,6 +207,7 @@ class BatchScheduler:
         sampling = sampling or GREEDY
         prompt_ids = engine.encode(prompt)
         engine.check_lengths(len(prompt_ids), max_new_tokens)
+        adjuster = LogitAdjuster.for_request(sampling, engine.vocab_limit)
         controller = GammaController(gamma, engine.max_gamma, 0.0)  # validates gamma
         drafter = self.drafter if gamma != 0 else None
         if drafter is None:
@@ -218,7 +221,7 @@ class BatchScheduler:
             alpha = population[0] / sum(population)
             controller.accepts, controller.rejects = PRIOR_WEIGHT * alpha, PRIOR_WEIGHT * (1 - alpha)
         request = BatchRequest(prompt_ids, max_new_tokens, sampling, output, controller, sampler, cancelled,
-                               tokens=list(prompt_ids))
+                               adjuster, tokens=list(prompt_ids))
         self.waiting.append(request)
         return request
 
@@ -465,6 +468,9 @@ class BatchScheduler:
         self._observe_target(shape, target_seconds)
         self.last_batch = len(ready)
         row_logits = [logits[r.slot, : 1 + len(d.tokens), : self.engine.vocab_limit] for r, d in zip(ready, drafts)]
+        for i, (r, d) in enumerate(zip(ready, drafts)):
+            if r.adjuster is not None:
+                row_logits[i] = r.adjuster.chain_rows(row_logits[i], d.tokens)
         sampled = [i for i, r in enumerate(ready) if not r.sampling.greedy]
         t0 = time.perf_counter()
         probs = dict(zip(sampled, grouped_target_probabilities([row_logits[i] for i in sampled],
@@ -498,6 +504,8 @@ class BatchScheduler:
         """Commit one sequence's verified step: ``n`` of its draft tokens, then ``nxt``."""
         new = [*draft.tokens[:n], nxt]
         r.tokens.extend(new)
+        if r.adjuster is not None:
+            r.adjuster.commit(new)
         r.sampler.forget_before(len(r.tokens))
         if draft.tokens and self.drafter is not None:
             assert r.slot is not None

@@ -114,6 +114,8 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
             return f"the request body is not valid JSON ({reason})", None
         where = _param_name(err.get("loc", ()))
         message = err.get("msg", "invalid value")
+        if where.startswith("logit_bias.") and err.get("type") == "string_pattern_mismatch":
+            message = "keys must be token ids, as strings of digits (e.g. \"50256\")"
         if where.split(".")[0] in UNSUPPORTED:
             name = where.split(".")[0]
             where, message = name, f"not supported by quickdraft; send {UNSUPPORTED[name]} or leave it out"
@@ -390,8 +392,15 @@ def create_app(
             temperature = 0.0  # top_p that small keeps only the most likely token: greedy, in effect
         top_k = 0 if body.top_k in (None, -1) else body.top_k
         try:
+            logit_bias = {int(token): bias for token, bias in (body.logit_bias or {}).items()}
+            beyond = [token for token in logit_bias if token >= engine.vocab_limit]
+            if beyond:
+                raise APIError(400, f"token id {beyond[0]} is outside the model's vocabulary (ids 0 to "
+                                    f"{engine.vocab_limit - 1})", param="logit_bias")
             sampling = SamplingParams(temperature=float(temperature), top_k=top_k,
-                                      top_p=top_p, seed=body.seed, rule=body.sampling_rule or "auto")
+                                      top_p=top_p, seed=body.seed, rule=body.sampling_rule or "auto",
+                                      presence_penalty=float(body.presence_penalty or 0),
+                                      frequency_penalty=float(body.frequency_penalty or 0), logit_bias=logit_bias)
         except QuickdraftError as exc:
             raise _error_from_quickdraft(exc) from exc
         gamma: int | str = DEFAULT_GAMMA if body.gamma is None else body.gamma

@@ -42,14 +42,13 @@ def Integer(**constraints: int) -> Any:
     return Annotated[int, Field(**constraints), BeforeValidator(_integer)]
 
 
-def Off(kind: Any) -> Any:
-    """A number of an OpenAI parameter quickdraft does not implement: 0 only (see UNSUPPORTED)."""
-    return Annotated[kind, Field(ge=0, le=0, allow_inf_nan=False)]
-
-
 # Parameters accepted at their "off" value only, and the value to send instead.
-UNSUPPORTED = {"presence_penalty": "0", "frequency_penalty": "0", "logit_bias": "{}", "logprobs": "null",
-               "top_logprobs": "null", "best_of": "1"}
+UNSUPPORTED = {"logprobs": "null", "top_logprobs": "null", "best_of": "1"}
+
+Penalty = Annotated[StrictFloat | StrictInt, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
+# OpenAI's logit_bias: token ids (as JSON object keys, so strings) to a bias in [-100, 100].
+LogitBias = dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")],
+                 Annotated[StrictFloat | StrictInt, Field(ge=-100.0, le=100.0, allow_inf_nan=False)]]
 
 Temperature = Annotated[StrictFloat, Field(ge=0.0, le=2.0, allow_inf_nan=False)]
 TopP = Annotated[StrictFloat, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
@@ -86,16 +85,15 @@ class SamplingFields(BaseModel):
         None, description="How sampled drafts are verified: 'coupled' (a seed reproduces its text whatever gamma), "
         "'rejection' (min(1, p/q)), or 'auto' (default: coupled when a seed is given)."
     )
-    # OpenAI parameters quickdraft does not implement are accepted at their "off" value only (the schema
-    # says so): a client that sets one gets a 400 naming it, not output that silently ignores it.
-    presence_penalty: Off(StrictFloat | StrictInt) | None = Field(
-        None, description="Not supported: only 0 (no penalty) is accepted, so that a penalty is never silently ignored."
+    # Applied to the target's logits only, so speculation stays lossless (quickdraft/logit_adjust.py).
+    presence_penalty: Penalty | None = Field(
+        None, description="Subtracted from the logit of every token generated so far (the prompt's are not counted)."
     )
-    frequency_penalty: Off(StrictFloat | StrictInt) | None = Field(
-        None, description="Not supported: only 0 (no penalty) is accepted, so that a penalty is never silently ignored."
+    frequency_penalty: Penalty | None = Field(
+        None, description="Subtracted from a token's logit once per time it was generated so far."
     )
-    logit_bias: Annotated[dict[str, StrictFloat | StrictInt], Field(max_length=0)] | None = Field(
-        None, description="Not supported: only an empty object is accepted."
+    logit_bias: LogitBias | None = Field(
+        None, description="Token id -> bias added to its logit, in [-100, 100] (-100 bans a token, 100 forces it)."
     )
     user: StrictStr | None = None
 
