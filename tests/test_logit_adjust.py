@@ -204,3 +204,17 @@ def test_penalized_sampling_fits_the_adjusted_target_through_the_batch_and_the_l
     # Power: the same samples do not fit the unadjusted target.
     unadjusted = dataclasses.replace(ADJUSTED_CONFIGS[0][0], frequency_penalty=0.0, presence_penalty=0.0, logit_bias=())
     assert fit_p_values(batched[0], adjusted_exact_joint(target, unadjusted))["joint"] < ALPHA
+
+
+def test_model_drafts_are_adjusted_too_so_the_target_as_its_own_draft_keeps_accepting(checkpoints):
+    """With the target as its own draft, adjusted drafts are the target's own choices: accepted but for
+    last-bit differences between a 1-row draft forward and the verify forward."""
+    target = load_model(checkpoints["target"])
+    engine = Engine(target, load_model(checkpoints["target"]), exact=False)
+    for prompt in prompts(3):
+        alone = engine.generate(prompt, 40, STRONG, gamma=4).stats
+        batched = engine.generate_batch([prompt], 40, STRONG, gamma=4, max_batch=4)[0].stats
+        sampled = engine.generate(prompt, 40, dataclasses.replace(STRONG, temperature=1.0, rule="rejection"),
+                                  gamma=4).stats
+        for stats in (alone, batched, sampled):
+            assert stats.drafted > 0 and stats.acceptance_rate > 0.95, stats.acceptance_rate

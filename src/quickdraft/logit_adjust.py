@@ -8,7 +8,8 @@ node's path. Only the target's rows are adjusted: a draft is a proposal, and wha
 verification rules (greedy, coupled, rejection) emit what the *adjusted* target would have, so the
 output stays exact — greedy bit for bit equal to adjusted plain decoding, samples distributed as
 the adjusted target's. A draft that does not know the adjustment is accepted less often where it
-changes the target's choice.
+changes the target's choice, so the model drafters' chains adjust their own logits the same way
+(``DrafterAdjustment``; a drafted token's q is then the adjusted distribution it was drawn from).
 
 Every operation is elementwise and per row (no fused multiply-add whose rounding could depend on
 a row's place in a vector loop), so a row's adjusted bits do not depend on how many rows a step has:
@@ -56,6 +57,15 @@ class LogitAdjuster:
         for token in tokens:
             self.counts[token] += 1
 
+    def row(self, logits: torch.Tensor, extra: Sequence[int]) -> torch.Tensor:
+        """logits [vocab] of the position after the generated tokens and then ``extra`` -> adjusted fp32."""
+        counts = self.counts
+        if extra:
+            counts = counts.clone()
+            for token in extra:
+                counts[token] += 1
+        return self._adjust(logits, counts)
+
     def chain_rows(self, logits: torch.Tensor, draft: Sequence[int]) -> torch.Tensor:
         """logits [rows, vocab] of a chain step (row r follows the draft's first r tokens; rows past
         the draft's are counted as its last) -> adjusted fp32 logits, a new tensor."""
@@ -87,3 +97,27 @@ class LogitAdjuster:
         if self.bias is not None:
             out = out + self.bias
         return out
+
+
+class DrafterAdjustment:
+    """A single-sequence drafter's copy of its request's adjustment, counting the generated tokens
+    among the committed ones it is shown at each proposal (``begin`` says where the prompt ends)."""
+
+    def __init__(self) -> None:
+        self.prompt_length = 0
+        self.adjuster: LogitAdjuster | None = None
+        self.counted = 0
+
+    def begin(self, prompt_length: int) -> None:
+        self.prompt_length, self.adjuster, self.counted = prompt_length, None, 0
+
+    def follow(self, tokens: Sequence[int], params: SamplingParams, vocab: int) -> LogitAdjuster | None:
+        """The adjuster for drafting after ``tokens`` (every committed token), or None."""
+        if not params.adjusts_logits:
+            return None
+        if self.adjuster is None:
+            self.adjuster = LogitAdjuster(params, vocab)
+        generated = tokens[self.prompt_length + self.counted:]
+        self.adjuster.commit(generated)
+        self.counted += len(generated)
+        return self.adjuster

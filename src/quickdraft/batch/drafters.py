@@ -21,6 +21,7 @@ from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.batch.prefill import PrefillChunk, grouping, prefill
 from quickdraft.batch.shapes import step_inputs, window_bucket
 from quickdraft.errors import QuickdraftError
+from quickdraft.logit_adjust import LogitAdjuster
 from quickdraft.model.compiled import CompiledSteps
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.transformer import Transformer
@@ -37,6 +38,9 @@ class DraftRequest:
     k: int  # draft length for this sequence (0: none)
     sampling: SamplingParams
     sampler: TokenSampler
+    # the request's penalties and logit bias (its target-side adjuster, counting its generated tokens):
+    # a model drafter's chains adjust their logits the same way
+    adjuster: LogitAdjuster | None = None
 
 
 class BatchDrafter(ABC):
@@ -100,7 +104,8 @@ class _ModelDrafter(BatchDrafter):
         if not active:
             return [drafts[r.slot] for r in requests]
         native = self._native_drafting()
-        if native is not None and all(r.sampling.greedy or races_natively(r.sampling, r.sampler) for r in active):
+        if native is not None and all((r.sampling.greedy or races_natively(r.sampling, r.sampler)) and r.adjuster is None
+                                      for r in active):
             drafts.update(self._propose_natively(active, n_slots, *native))
             return [drafts[r.slot] for r in requests]
         catch_up_seconds = self._catch_up(active)
@@ -119,6 +124,9 @@ class _ModelDrafter(BatchDrafter):
         for i in range(max(r.k for r in active)):
             feeding = []
             drawing = [r for r in active if i < r.k]
+            for r in drawing:
+                if r.adjuster is not None:
+                    current[r.slot] = r.adjuster.row(current[r.slot], drafted[r.slot])
             # Coupled sequences race their logits (no q: their rule verifies without it); the
             # rejection rule's need q, drawn from as one sequence would.
             racing = [r for r in drawing if not r.sampling.greedy and races_natively(r.sampling, r.sampler)]
@@ -239,7 +247,7 @@ class BatchedDraftModel(_ModelDrafter):
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest], n_slots: int) -> list[Draft]:
         active = [r for r in requests if r.k > 0]
-        if len(active) == 1 and self.model.native is not None and (
+        if len(active) == 1 and self.model.native is not None and active[0].adjuster is None and (
                 active[0].sampling.greedy or races_natively(active[0].sampling, active[0].sampler)):
             return self._propose_alone_natively(requests, active[0])
         return super().propose(requests, n_slots)

@@ -447,7 +447,7 @@ class BatchScheduler:
             t0 = time.perf_counter()
             n_slots = slot_bucket(len(self.active), self.max_batch)
             proposed = self.drafter.propose(
-                [DraftRequest(r.slot, r.tokens, k, r.sampling, r.sampler) for r, k in drafting], n_slots)
+                [DraftRequest(r.slot, r.tokens, k, r.sampling, r.sampler, r.adjuster) for r, k in drafting], n_slots)
             drafter_seconds = time.perf_counter() - t0
             by_slot = {r.slot: d for (r, _), d in zip(drafting, proposed)}
             drafts = [by_slot.get(r.slot, Draft([], None)) for r in ready]

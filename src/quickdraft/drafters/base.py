@@ -97,16 +97,20 @@ def draft_autoregressively(
     sampler: TokenSampler,
     first_position: int,
     confidence_stop: float | None,
+    adjust: Callable[[torch.Tensor, list[int]], torch.Tensor] | None = None,
 ) -> Draft:
     """Draw up to k tokens from a model: ``logits`` [vocab] predict the first, at sequence position
     ``first_position``; ``step(token)`` feeds a drawn token and returns the logits for the next. Each token is drawn from exactly the
     q it is returned with (the argmax, a point mass, when greedy); the coupled rule's tokens are its
-    race's, returned without q. ``forward_calls`` counts the
+    race's, returned without q. ``adjust(logits, drafted so far)``: the request's penalties and logit
+    bias (``LogitAdjuster.row``), applied before each draw. ``forward_calls`` counts the
     calls of ``step`` plus one for the caller's first forward."""
     drafted: list[int] = []
     qs: list[torch.Tensor] = []
     calls = 1
     for i in range(k):
+        if adjust is not None:
+            logits = adjust(logits, drafted)
         if i > 0 and confidence_stop is not None and top_probability(logits) < confidence_stop:
             break
         if sampling.greedy:
