@@ -8,8 +8,12 @@ node's path. Only the target's rows are adjusted: a draft is a proposal, and wha
 verification rules (greedy, coupled, rejection) emit what the *adjusted* target would have, so the
 output stays exact — greedy bit for bit equal to adjusted plain decoding, samples distributed as
 the adjusted target's. A draft that does not know the adjustment is accepted less often where it
-changes the target's choice, so the model drafters' chains adjust their own logits the same way
-(``DrafterAdjustment``; a drafted token's q is then the adjusted distribution it was drawn from).
+changes the target's choice, so the model drafters' chains adjust their own logits too
+(``DrafterAdjustment``): step by step where a drafted token's q is needed (the rejection rule: q is
+then the adjusted distribution it was drawn from), and, where a whole chain is one native call
+(greedy and coupled drafts, which need no q), by the adjustment of the committed tokens added to
+every position's logits (``draft_bias``: the chain's own repeats are not counted, which only makes
+a proposal less likely to be accepted, never changes the output).
 
 Every operation is elementwise and per row (no fused multiply-add whose rounding could depend on
 a row's place in a vector loop), so a row's adjusted bits do not depend on how many rows a step has:
@@ -65,6 +69,12 @@ class LogitAdjuster:
             for token in extra:
                 counts[token] += 1
         return self._adjust(logits, counts)
+
+    def draft_bias(self, k: int, temperature: float) -> torch.Tensor:
+        """[k, vocab] fp32 rows to add to a native draft's logit / temperature at each of its k positions:
+        the adjustment of the committed tokens (the chain's own tokens are not counted)."""
+        bias = self._adjust(torch.zeros(self.vocab), self.counts) / temperature
+        return bias.expand(k, -1).contiguous()
 
     def chain_rows(self, logits: torch.Tensor, draft: Sequence[int]) -> torch.Tensor:
         """logits [rows, vocab] of a chain step (row r follows the draft's first r tokens; rows past

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from quickdraft.drafters.base import Draft, Drafter
-from quickdraft.drafters.draft_model import CATCH_UP_AFTER, DraftModelDrafter, catch_up, draft_natively, races_natively
+from quickdraft.drafters.draft_model import (CATCH_UP_AFTER, DraftModelDrafter, catch_up, draft_natively,
+                                             native_draft_noise, races_natively)
 from quickdraft.drafters.early_exit import EarlyExitDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.batch.prefill import PrefillChunk, grouping, prefill
@@ -104,8 +105,7 @@ class _ModelDrafter(BatchDrafter):
         if not active:
             return [drafts[r.slot] for r in requests]
         native = self._native_drafting()
-        if native is not None and all((r.sampling.greedy or races_natively(r.sampling, r.sampler)) and r.adjuster is None
-                                      for r in active):
+        if native is not None and all(r.sampling.greedy or races_natively(r.sampling, r.sampler) for r in active):
             drafts.update(self._propose_natively(active, n_slots, *native))
             return [drafts[r.slot] for r in requests]
         catch_up_seconds = self._catch_up(active)
@@ -177,9 +177,8 @@ class _ModelDrafter(BatchDrafter):
         ks, gumbel, temperatures = [0] * n_slots, [None] * n_slots, [1.0] * n_slots
         for r in active:
             ks[r.slot] = r.k
-            if not r.sampling.greedy:
-                gumbel[r.slot] = r.sampler.gumbel(len(r.tokens), r.k, self.vocab_limit)  # type: ignore[attr-defined]
-                temperatures[r.slot] = r.sampling.temperature
+            gumbel[r.slot], temperatures[r.slot] = native_draft_noise(len(r.tokens), r.k, self.vocab_limit, r.sampling,
+                                                                      r.sampler, r.adjuster)
         needed = max(first[r.slot][1] + len(first[r.slot][0]) + r.k for r in active)
         drafted = model.native.draft_batch([first.get(slot) for slot in range(n_slots)], ks, self.vocab_limit, cache,
                                            window_bucket(needed, self.capacity), gumbel, temperatures, n_layers)
@@ -247,7 +246,7 @@ class BatchedDraftModel(_ModelDrafter):
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest], n_slots: int) -> list[Draft]:
         active = [r for r in requests if r.k > 0]
-        if len(active) == 1 and self.model.native is not None and active[0].adjuster is None and (
+        if len(active) == 1 and self.model.native is not None and (
                 active[0].sampling.greedy or races_natively(active[0].sampling, active[0].sampler)):
             return self._propose_alone_natively(requests, active[0])
         return super().propose(requests, n_slots)
@@ -260,7 +259,7 @@ class BatchedDraftModel(_ModelDrafter):
         entry.length = self.length[request.slot]
         seconds = catch_up(self.model, entry, request.tokens)  # behind after steps without drafts
         drafted = draft_natively(self.model, entry, request.tokens, request.k, self.vocab_limit, request.sampling,
-                                 request.sampler)
+                                 request.sampler, request.adjuster)
         self._after_propose([request], {request.slot: drafted})
         drafts = {r.slot: Draft([], None) for r in requests}
         drafts[request.slot] = Draft(drafted, None, request.k, catch_up_seconds=seconds)

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from quickdraft.logit_adjust import DrafterAdjustment
+from quickdraft.logit_adjust import DrafterAdjustment, LogitAdjuster
 from quickdraft.drafters.base import Draft, DraftContext, Drafter, draft_autoregressively
 from quickdraft.drafters.trees import TreeShape, grow_tree, model_expansion
 from quickdraft.errors import VocabularyMismatchError
@@ -48,13 +48,26 @@ def catch_up(model: Transformer, cache: KVCache, tokens: list[int]) -> float:
 
 
 def draft_natively(model: Transformer, cache: KVCache, tokens: list[int], k: int, vocab_limit: int,
-                   sampling: SamplingParams, sampler: TokenSampler) -> list[int]:
+                   sampling: SamplingParams, sampler: TokenSampler, adjuster: LogitAdjuster | None = None) -> list[int]:
     """k draft tokens after ``tokens`` (``cache`` holds the first ``cache.length``) in one native
-    call: greedy, or the coupled rule's race (``races_natively``). The cache's length is left to
-    the caller: it then holds ``len(tokens) + k - 1`` tokens."""
+    call: greedy, or the coupled rule's race (``races_natively``), over logits adjusted by
+    ``adjuster``'s ``draft_bias`` when given. The cache's length is left to the caller: it then
+    holds ``len(tokens) + k - 1`` tokens."""
     assert model.native is not None
-    gumbel = None if sampling.greedy else sampler.gumbel(len(tokens), k, vocab_limit)  # type: ignore[attr-defined]
-    return model.native.draft_greedy(tokens[cache.length:], k, vocab_limit, cache, gumbel, sampling.temperature)
+    noise, temperature = native_draft_noise(len(tokens), k, vocab_limit, sampling, sampler, adjuster)
+    return model.native.draft_greedy(tokens[cache.length:], k, vocab_limit, cache, noise, temperature)
+
+
+def native_draft_noise(first_position: int, k: int, vocab_limit: int, sampling: SamplingParams,
+                       sampler: TokenSampler, adjuster: LogitAdjuster | None) -> tuple[torch.Tensor | None, float]:
+    """(rows [k, vocab] the native draft adds to logit / temperature, temperature): the coupled race's
+    Gumbel noise and the request's adjustment; None, 1 for a plain greedy chain."""
+    noise = None if sampling.greedy else sampler.gumbel(first_position, k, vocab_limit)  # type: ignore[attr-defined]
+    temperature = 1.0 if sampling.greedy else sampling.temperature
+    if adjuster is not None:
+        bias = adjuster.draft_bias(k, temperature)
+        noise = bias if noise is None else noise + bias
+    return noise, temperature
 
 
 def check_vocabulary_compatible(target: Tokenizer, draft: Tokenizer) -> None:
@@ -139,9 +152,9 @@ class DraftModelDrafter(Drafter):
         assert self.cache is not None, "begin() first"
         catch_up = self._catch_up(tokens)
         adjuster = self.adjustment.follow(tokens, sampling, self.vocab_limit)
-        if confidence_stop is None and adjuster is None and self.model.native is not None and (
+        if confidence_stop is None and self.model.native is not None and (
                 sampling.greedy or races_natively(sampling, sampler)):
-            draft = self._propose_natively(tokens, k, sampling, sampler)
+            draft = self._propose_natively(tokens, k, sampling, sampler, adjuster)
         else:
             logits = self._forward(tokens[self.cache.length :])
             self._base = len(tokens)
@@ -155,7 +168,8 @@ class DraftModelDrafter(Drafter):
         assert self.cache is not None
         return catch_up(self.model, self.cache, tokens)
 
-    def _propose_natively(self, tokens: list[int], k: int, sampling: SamplingParams, sampler: TokenSampler) -> Draft:
+    def _propose_natively(self, tokens: list[int], k: int, sampling: SamplingParams, sampler: TokenSampler,
+                          adjuster: LogitAdjuster | None = None) -> Draft:
         """``propose``'s chain as one C++ call (the same forwards): on the embedded draft a step's
         Python costs about as much as its forward. Greedy: the argmaxes. Under the coupled rule, the
         same race as in Python over the positions' noise E, as a Gumbel-max (argmax of logit / T
@@ -163,7 +177,7 @@ class DraftModelDrafter(Drafter):
         last-bit near-ties, and the target's race decides each token either way. No q comes back:
         the coupled rule verifies without one."""
         assert self.cache is not None
-        drafted = draft_natively(self.model, self.cache, tokens, k, self.vocab_limit, sampling, sampler)
+        drafted = draft_natively(self.model, self.cache, tokens, k, self.vocab_limit, sampling, sampler, adjuster)
         self._base = len(tokens)
         self._fed = k - 1
         self.cache.length = self._base + self._fed
