@@ -147,16 +147,17 @@ def test_a_killed_replica_loses_no_request_that_had_not_started_streaming(ray_se
             return "cut:" + text
         return text
 
-    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS) + 2) as pool:
-        whole_runs = {p: pool.submit(whole, p) for p in PROMPTS}
+    # Three requests per prompt: more than both replicas' batches hold (2 x 4), so that requests are still
+    # running or queued on each replica when one is killed, however fast this machine decodes them.
+    with concurrent.futures.ThreadPoolExecutor(3 * len(PROMPTS) + 2) as pool:
+        whole_runs = [(p, pool.submit(whole, p)) for p in PROMPTS * 3]
         stream_runs = {p: pool.submit(streamed, p) for p in PROMPTS[:2]}
         assert streaming.wait(timeout=120)
         time.sleep(0.2)  # every request is running or queued on a replica
-        # A replica with requests in flight: the router may have sent them all to one (a kill of the
-        # idle one hit nothing, and the run proved nothing, on a VM fast enough to finish them first).
+        # A replica with requests in flight (the router may have sent them all to one).
         victim = busy_replica(ray_server.url)
         os.kill(victim, signal.SIGKILL)
-        for prompt, run in whole_runs.items():
+        for prompt, run in whole_runs:
             assert run.result(timeout=180) == expected[prompt]  # nothing had been sent: retried elsewhere
         for prompt, run in stream_runs.items():
             text = run.result(timeout=180)
