@@ -79,15 +79,19 @@ def stream_pieces(url: str, body: dict) -> list[str]:
 
 def test_concurrent_requests_get_what_the_engine_gives_each_alone(target_dir):
     alone = Engine(str(target_dir), drafter="prompt-lookup")
-    samplings = [SamplingParams(), SamplingParams(temperature=0.9, top_p=0.9, seed=5)]
-    expected = {(p, i): alone.generate(p, 24, samplings[i]).text for p in PROMPTS for i in range(2)}
+    samplings = [SamplingParams(), SamplingParams(temperature=0.9, top_p=0.9, seed=5),
+                 SamplingParams(frequency_penalty=1.0, presence_penalty=0.3, logit_bias={5: 3.0})]
+    expected = {(p, i): alone.generate(p, 24, samplings[i]).text for p in PROMPTS for i in range(len(samplings))}
+    assert all(expected[(p, 2)] != expected[(p, 0)] for p in PROMPTS), "the penalties must change the text"
     process = EngineProcess(functools.partial(build_engine, str(target_dir)), max_batch=4)
     with BackgroundServer(create_app(process, model_name=MODEL)) as srv:
         got: dict = {}
 
         def one(prompt: str, i: int) -> None:
-            body = {"model": MODEL, "prompt": prompt, "max_tokens": 24, "temperature": samplings[i].temperature,
-                    "top_p": samplings[i].top_p, "seed": samplings[i].seed}
+            s = samplings[i]
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 24, "temperature": s.temperature, "top_p": s.top_p,
+                    "seed": s.seed, "frequency_penalty": s.frequency_penalty, "presence_penalty": s.presence_penalty,
+                    "logit_bias": {str(token): bias for token, bias in s.logit_bias}}
             got[(prompt, i)] = "".join(stream_pieces(srv.url, body)) if i else httpx.post(
                 srv.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
 
