@@ -13,6 +13,7 @@ prompt and the bench's first ``--prompt-limit`` prompts (128 new tokens each).""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -21,6 +22,7 @@ import torch
 
 from quickdraft.assets import embedded_draft_path, embedded_target_path
 from quickdraft.bench.harness import load_prompts
+from quickdraft.drafters.base import DraftContext
 from quickdraft.demo import DEMO_PROMPT, MAX_NEW_TOKENS
 from quickdraft.engine import Engine
 from quickdraft.sampling import SamplingParams
@@ -52,7 +54,11 @@ def main() -> None:
     gamma: int | str = args.gamma if args.gamma == "auto" else int(args.gamma)
     torch.set_num_threads(1)
     engine = Engine(embedded_target_path(args.target), embedded_draft_path(args.target), dtype="auto")
-    adjusted_follow = engine.drafter.adjustment.follow
+    adjusted_begin = engine.drafter.begin
+
+    def unadjusted_begin(prompt_ids: list[int], context: DraftContext) -> None:
+        adjusted_begin(prompt_ids, dataclasses.replace(context, adjuster=None))
+
     prompts = [DEMO_PROMPT] + [p["prompt"] for p in load_prompts(limit=args.prompt_limit)]
     report = {}
     for penalty in args.penalties:
@@ -63,11 +69,11 @@ def main() -> None:
         for round_ in range(args.rounds):
             plain = timed(engine, prompts, sampling, 0)
             for kind in sorted(ratios, reverse=bool(round_ % 2)):  # each goes first after plain in turn
-                engine.drafter.adjustment.follow = adjusted_follow if kind == "adjusted drafts" else (lambda *a: None)
+                engine.drafter.begin = adjusted_begin if kind == "adjusted drafts" else unadjusted_begin
                 spec = timed(engine, prompts, sampling, gamma)
                 ratios[kind].append((spec[1] / spec[0]) / (plain[1] / plain[0]))
                 acceptance[kind].append(spec[3] / max(1, spec[2]))
-            engine.drafter.adjustment.follow = adjusted_follow
+            engine.drafter.begin = adjusted_begin
         report[penalty] = {"demo greedy, most repeated line": most_repeated_line(greedy)} | {
             kind: {"speculative / plain (median, range)": (round(statistics.median(ratios[kind]), 3),
                                                           round(min(ratios[kind]), 3), round(max(ratios[kind]), 3)),

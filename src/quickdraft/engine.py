@@ -351,7 +351,7 @@ class Engine:
         sampler = sampler_for(sampling)
         if drafter is not None:
             drafter.begin(prompt_ids, DraftContext(self.model, cache, capacity, self.vocab_limit,
-                                                   plan.largest.width if plan is not None else None))
+                                                   plan.largest.width if plan is not None else None, adjuster))
 
         # Prefill every prompt token but the last; the first step feeds the last one together with
         # a draft, so even the first generated token can come from an accepted draft.

@@ -8,8 +8,8 @@ node's path. Only the target's rows are adjusted: a draft is a proposal, and wha
 verification rules (greedy, coupled, rejection) emit what the *adjusted* target would have, so the
 output stays exact — greedy bit for bit equal to adjusted plain decoding, samples distributed as
 the adjusted target's. A draft that does not know the adjustment is accepted less often where it
-changes the target's choice, so the model drafters' chains adjust their own logits too
-(``DrafterAdjustment``): step by step where a drafted token's q is needed (the rejection rule: q is
+changes the target's choice, so the model drafters' chains adjust their own logits too, with the
+request's adjuster (``DraftContext.adjuster``, ``DraftRequest.adjuster``): step by step where a drafted token's q is needed (the rejection rule: q is
 then the adjusted distribution it was drawn from), and, where a whole chain is one native call
 (greedy and coupled drafts, which need no q), by the adjustment of the committed tokens added to
 every position's logits (``draft_bias``: the chain's own repeats are not counted, which only makes
@@ -108,26 +108,3 @@ class LogitAdjuster:
             out = out + self.bias
         return out
 
-
-class DrafterAdjustment:
-    """A single-sequence drafter's copy of its request's adjustment, counting the generated tokens
-    among the committed ones it is shown at each proposal (``begin`` says where the prompt ends)."""
-
-    def __init__(self) -> None:
-        self.prompt_length = 0
-        self.adjuster: LogitAdjuster | None = None
-        self.counted = 0
-
-    def begin(self, prompt_length: int) -> None:
-        self.prompt_length, self.adjuster, self.counted = prompt_length, None, 0
-
-    def follow(self, tokens: Sequence[int], params: SamplingParams, vocab: int) -> LogitAdjuster | None:
-        """The adjuster for drafting after ``tokens`` (every committed token), or None."""
-        if not params.adjusts_logits:
-            return None
-        if self.adjuster is None:
-            self.adjuster = LogitAdjuster(params, vocab)
-        generated = tokens[self.prompt_length + self.counted:]
-        self.adjuster.commit(generated)
-        self.counted += len(generated)
-        return self.adjuster

@@ -22,6 +22,7 @@ from quickdraft.sampling import SamplingParams, greedy_tokens, probabilities, to
 from quickdraft.tree import TokenTree
 
 if TYPE_CHECKING:
+    from quickdraft.logit_adjust import LogitAdjuster
     from quickdraft.drafters.trees import TreeShape
 
 
@@ -44,6 +45,9 @@ class DraftContext:
     capacity: int
     vocab_limit: int
     tree_width: int | None = None  # nodes expanded per depth when the request speculates with trees
+    # the request's penalties and logit bias (the engine's own adjuster, counting its committed tokens):
+    # a model drafter's chains adjust their logits the same way
+    adjuster: LogitAdjuster | None = None
 
 
 class Drafter(ABC):

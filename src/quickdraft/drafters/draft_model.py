@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from quickdraft.logit_adjust import DrafterAdjustment, LogitAdjuster
+from quickdraft.logit_adjust import LogitAdjuster
 from quickdraft.drafters.base import Draft, DraftContext, Drafter, draft_autoregressively
 from quickdraft.drafters.trees import TreeShape, grow_tree, model_expansion
 from quickdraft.errors import VocabularyMismatchError
@@ -103,7 +103,7 @@ class DraftModelDrafter(Drafter):
         self._fed = 0  # proposed tokens fed into the cache during the last proposal
         self._tree_slots: list[int | None] = []
         self._compiled_tree_steps: dict[int, CompiledTreeSteps] = {}  # per node of the last tree: the cache slot it was fed at
-        self.adjustment = DrafterAdjustment()  # the request's penalties and logit bias, on the drafts too
+        self.adjuster: LogitAdjuster | None = None  # the request's penalties and logit bias, on the drafts too
 
     def check_compatible(self, target: LoadedModel) -> None:
         if target.tokenizer is not None and self.draft.tokenizer is not None:
@@ -131,7 +131,7 @@ class DraftModelDrafter(Drafter):
                 tree_steps.prepare(self.cache)  # before the request's clock starts, as the chain's steps
         self.cache.reset()
         self.vocab_limit = context.vocab_limit
-        self.adjustment.begin(len(prompt_ids))
+        self.adjuster = context.adjuster
 
     def _forward(self, tokens: list[int]) -> torch.Tensor:
         """The logits after feeding ``tokens`` (at most CATCH_UP_AFTER: ``_catch_up`` prefilled the rest)."""
@@ -151,7 +151,7 @@ class DraftModelDrafter(Drafter):
     ) -> Draft:
         assert self.cache is not None, "begin() first"
         catch_up = self._catch_up(tokens)
-        adjuster = self.adjustment.follow(tokens, sampling, self.vocab_limit)
+        adjuster = self.adjuster  # the request's (DraftContext.adjuster), kept counting by the engine
         if confidence_stop is None and self.model.native is not None and (
                 sampling.greedy or races_natively(sampling, sampler)):
             draft = self._propose_natively(tokens, k, sampling, sampler, adjuster)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from quickdraft.logit_adjust import DrafterAdjustment
+from quickdraft.logit_adjust import LogitAdjuster
 from quickdraft.drafters.base import Draft, DraftContext, Drafter, draft_autoregressively
 from quickdraft.drafters.trees import TreeShape, grow_tree, model_expansion
 from quickdraft.errors import QuickdraftError
@@ -31,11 +31,11 @@ class EarlyExitDrafter(Drafter):
         self.target: Transformer | None = None
         self.cache: KVCache | None = None
         self.vocab_limit = 0
-        self.adjustment = DrafterAdjustment()  # the request's penalties and logit bias, on the drafts too
+        self.adjuster: LogitAdjuster | None = None  # the request's penalties and logit bias, on the drafts too
 
     def begin(self, prompt_ids: list[int], context: DraftContext) -> None:
         self.target, self.cache, self.vocab_limit = context.target, context.target_cache, context.vocab_limit
-        self.adjustment.begin(len(prompt_ids))
+        self.adjuster = context.adjuster
 
     def _forward(self, tokens: list[int], start: int) -> torch.Tensor:
         assert self.target is not None and self.cache is not None
@@ -56,10 +56,9 @@ class EarlyExitDrafter(Drafter):
         position = self.cache.length
         logits = self._forward(tokens[position:], position)
         next_position = iter(range(len(tokens), len(tokens) + k))
-        adjuster = self.adjustment.follow(tokens, sampling, self.vocab_limit)
         return draft_autoregressively(
             logits, lambda t: self._forward([t], next(next_position)), k, sampling, sampler, len(tokens),
-            confidence_stop, adjuster.row if adjuster is not None else None,
+            confidence_stop, self.adjuster.row if self.adjuster is not None else None,
         )
 
     @torch.inference_mode()
