@@ -25,7 +25,6 @@ from collections.abc import Sequence
 
 import torch
 
-from quickdraft.errors import SamplingParamsError
 from quickdraft.sampling_params import SamplingParams
 from quickdraft.tree import ROOT, TokenTree
 
@@ -50,10 +49,7 @@ class LogitAdjuster:
         vocabulary is an error here, before the request runs."""
         if not params.adjusts_logits:
             return None
-        beyond = [token for token, _ in params.logit_bias if token >= vocab]
-        if beyond:
-            raise SamplingParamsError(f"logit_bias: token id {beyond[0]} is outside the vocabulary "
-                                      f"(ids 0 to {vocab - 1})")
+        params.check_vocabulary(vocab)
         return cls(params, vocab)
 
     def commit(self, tokens: Sequence[int]) -> None:

@@ -61,6 +61,14 @@ class SamplingParams:
         # Below MIN_TEMPERATURE the distribution is a point mass in fp32 anyway (as in vLLM).
         return self.temperature < MIN_TEMPERATURE
 
+    def check_vocabulary(self, vocab: int) -> None:
+        """Raise when a biased token id is outside a vocabulary of ``vocab`` ids (the engine's, or the
+        server's HTTP process before it queues the request)."""
+        beyond = [token for token, _ in self.logit_bias if token >= vocab]
+        if beyond:
+            raise SamplingParamsError(f"logit_bias: token id {beyond[0]} is outside the vocabulary "
+                                      f"(ids 0 to {vocab - 1})")
+
     @property
     def adjusts_logits(self) -> bool:
         """Whether a penalty or a logit bias changes the target's logits."""

@@ -392,17 +392,17 @@ def create_app(
             temperature = 0.0  # top_p that small keeps only the most likely token: greedy, in effect
         top_k = 0 if body.top_k in (None, -1) else body.top_k
         try:
-            logit_bias = {int(token): bias for token, bias in (body.logit_bias or {}).items()}
-            beyond = [token for token in logit_bias if token >= engine.vocab_limit]
-            if beyond:
-                raise APIError(400, f"token id {beyond[0]} is outside the model's vocabulary (ids 0 to "
-                                    f"{engine.vocab_limit - 1})", param="logit_bias")
             sampling = SamplingParams(temperature=float(temperature), top_k=top_k,
                                       top_p=top_p, seed=body.seed, rule=body.sampling_rule or "auto",
                                       presence_penalty=float(body.presence_penalty or 0),
-                                      frequency_penalty=float(body.frequency_penalty or 0), logit_bias=logit_bias)
+                                      frequency_penalty=float(body.frequency_penalty or 0),
+                                      logit_bias={int(token): bias for token, bias in (body.logit_bias or {}).items()})
         except QuickdraftError as exc:
             raise _error_from_quickdraft(exc) from exc
+        try:
+            sampling.check_vocabulary(engine.vocab_limit)
+        except QuickdraftError as exc:
+            raise _error_from_quickdraft(exc, param="logit_bias") from exc
         gamma: int | str = DEFAULT_GAMMA if body.gamma is None else body.gamma
         if engine.drafter is None:
             gamma = 0
