@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -309,7 +310,7 @@ def test_a_greedy_draft_in_one_call_is_the_step_by_step_draft(checkpoints, dtype
 def test_a_coupled_sampled_draft_in_one_call_races_as_the_step_by_step_draft(checkpoints, dtype: str) -> None:
     """Under the coupled rule a sampled chain is drafted in one call too (a Gumbel-max over the
     positions' noise): the same tokens as Python's race step by step at a plain temperature; with
-    top-p the untruncated race, in one call too; the rejection rule (it needs q) steps in Python."""
+    top-p the untruncated race, in one call too; the rejection rule in one call as well, with its q."""
     from quickdraft.drafters.base import DraftContext
     from quickdraft.drafters.draft_model import DraftModelDrafter
     from quickdraft.model.loader import load_model
@@ -341,8 +342,106 @@ def test_a_coupled_sampled_draft_in_one_call_races_as_the_step_by_step_draft(che
     nucleus = SamplingParams(temperature=0.8, top_p=0.9, seed=11)  # races the untruncated softmax, in one call
     assert drafters[0].propose(tokens, 3, nucleus, sampler_for(nucleus)).q is None and len(calls) == 9
     drafters[0].accept(0)
-    rejection = SamplingParams(temperature=0.8, seed=11, rule="rejection")  # needs q: step by step
-    assert drafters[0].propose(tokens + [7], 3, rejection, sampler_for(rejection)).q is not None and len(calls) == 9
+    rejection = SamplingParams(temperature=0.8, seed=11, rule="rejection")  # draws, and returns q
+    assert drafters[0].propose(tokens + [7], 3, rejection, sampler_for(rejection)).q is not None and len(calls) == 10
+    drafters[0].accept(0)
+    truncated = SamplingParams(temperature=0.8, top_p=0.9, seed=11, rule="rejection")  # q cut as p is: step by step
+    assert drafters[0].propose(tokens + [7, 7], 3, truncated, sampler_for(truncated)).q is not None
+    assert len(calls) == 10
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_a_rejection_rule_draft_in_one_call_draws_from_the_q_it_returns(checkpoints, dtype: str) -> None:
+    """The rejection rule's chain in one native call: each token a draw from softmax(logit / T) (the
+    untruncated requests' q), returned with that q: the first row equals the step-by-step
+    draft's q at the same context, and 6,000 one-call drafts' first tokens fit it (chi-square); a
+    wrong draw (the argmax) fails the same test."""
+    from scipy.stats import chisquare
+
+    from quickdraft.drafters.base import DraftContext
+    from quickdraft.drafters.draft_model import DraftModelDrafter
+    from quickdraft.model.loader import load_model
+    from quickdraft.randomness import MultinomialSampler
+    from quickdraft.sampling import SamplingParams
+
+    drafter = DraftModelDrafter(load_model(checkpoints["related"], dtype=dtype))
+    stepper = DraftModelDrafter(load_model(checkpoints["related"], dtype=dtype))
+    target = load_model(checkpoints["target"], dtype=dtype).model
+    prompt = torch.randint(3, 90, (30,), generator=torch.Generator().manual_seed(5)).tolist()
+    for d in (drafter, stepper):
+        d.begin(prompt, DraftContext(target, target.new_cache(160), 160, d.vocab_limit))
+    sampling = SamplingParams(temperature=1.3, rule="rejection")
+    sampler = MultinomialSampler(3)
+    reference = stepper.propose(prompt, 1, sampling, sampler, confidence_stop=0.0).q
+    first = drafter.propose(prompt, 4, sampling, sampler)
+    assert first.q is not None and first.q.shape == (4, drafter.vocab_limit) and len(first.tokens) == 4
+    torch.testing.assert_close(first.q.sum(-1), torch.ones(4))
+    torch.testing.assert_close(first.q[0], reference[0], rtol=1e-4, atol=1e-6)  # step by step: q at T, top-p 1
+    q = first.q[0].double().numpy()
+    counts = np.zeros_like(q)
+    for _ in range(6000):
+        drafter.cache.length = len(prompt) - 1  # the same context each time: the last prompt token fed again
+        counts[drafter.propose(prompt, 1, sampling, sampler).tokens[0]] += 1
+    keep = q * 6000 >= 5
+    observed, expected = np.append(counts[keep], counts[~keep].sum()), np.append(q[keep], q[~keep].sum()) * 6000
+    assert keep.sum() >= 5  # a spread distribution: the test can tell a draw from an argmax
+    assert chisquare(observed, expected * observed.sum() / expected.sum()).pvalue > 1e-3
+    argmax = np.zeros_like(q)
+    argmax[int(q.argmax())] = 6000  # what a wrong draw (the greedy token) would give
+    argmax_observed = np.append(argmax[keep], argmax[~keep].sum())
+    assert chisquare(argmax_observed, expected * 6000 / expected.sum()).pvalue < 1e-6
+
+
+def test_a_batch_of_rejection_rule_drafts_draws_in_one_call_from_the_q_it_returns(checkpoints) -> None:
+    """The batch drafter's native call draws a rejection-rule sequence's chain beside a greedy one:
+    the greedy chain is the lone drafter's, the drawn sequence's q row 0 is the step-by-step q, and
+    3,000 one-call drafts' first tokens fit it (chi-square), which the argmax would not."""
+    from scipy.stats import chisquare
+
+    from quickdraft.batch.drafters import DraftRequest
+    from quickdraft.drafters.base import DraftContext
+    from quickdraft.drafters.draft_model import DraftModelDrafter
+    from quickdraft.engine import Engine
+    from quickdraft.model.loader import load_model
+    from quickdraft.randomness import MultinomialSampler
+    from quickdraft.sampling import SamplingParams
+
+    engine = Engine(str(checkpoints["target"]), str(checkpoints["related"]), dtype="bf16")
+    drafter = engine.batch_scheduler(4).drafter
+    native = drafter.model.native
+    assert native is not None
+    calls = []
+    one_call_draft = native.draft_batch
+    native.draft_batch = lambda *args: calls.append(args) or one_call_draft(*args)
+    stepper = DraftModelDrafter(load_model(checkpoints["related"], dtype=drafter.model.dtype))
+    target = engine.target.model
+    prompt = torch.randint(3, 90, (30,), generator=torch.Generator().manual_seed(5)).tolist()
+    stepper.begin(prompt, DraftContext(target, target.new_cache(160), 160, stepper.vocab_limit))
+    drawn, greedy = SamplingParams(temperature=1.3, rule="rejection"), SamplingParams(temperature=0.0)
+    sampler = MultinomialSampler(3)
+    reference = stepper.propose(prompt, 1, drawn, sampler, confidence_stop=0.0).q
+    stepper.cache.length = len(prompt) - 1  # the last prompt token fed again
+    lone_greedy = stepper.propose(prompt, 3, greedy, sampler).tokens
+    drafter.begin([(0, prompt), (1, prompt)])
+    requests = [DraftRequest(0, prompt, 3, drawn, sampler), DraftRequest(1, prompt, 3, greedy, sampler)]
+    drafts = drafter.propose(requests, 2)
+    assert len(calls) == 1 and drafts[1].q is None and drafts[1].tokens == lone_greedy
+    q = drafts[0].q
+    assert q is not None and q.shape == (3, drafter.vocab_limit) and len(drafts[0].tokens) == 3
+    torch.testing.assert_close(q[0], reference[0], rtol=1e-4, atol=1e-6)
+    q = q[0].double().numpy()
+    counts = np.zeros_like(q)
+    for _ in range(3000):
+        drafter.length[:2] = [len(prompt) - 1] * 2  # the same context each time: the last prompt token fed again
+        counts[drafter.propose(requests, 2)[0].tokens[0]] += 1
+    assert len(calls) == 3001  # two sequences: the batched call, never the lone one
+    keep = q * 3000 >= 5
+    observed, expected = np.append(counts[keep], counts[~keep].sum()), np.append(q[keep], q[~keep].sum()) * 3000
+    assert keep.sum() >= 5
+    assert chisquare(observed, expected * observed.sum() / expected.sum()).pvalue > 1e-3
+    argmax = np.zeros_like(q)
+    argmax[int(q.argmax())] = 3000
+    assert chisquare(np.append(argmax[keep], argmax[~keep].sum()), expected * 3000 / expected.sum()).pvalue < 1e-6
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])

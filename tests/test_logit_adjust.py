@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from quickdraft import Engine, SamplingParams
+from quickdraft.drafters import draft_model
 from quickdraft.errors import QuickdraftError, SamplingParamsError
 from quickdraft.logit_adjust import LogitAdjuster
 from quickdraft.model.loader import load_model
@@ -206,18 +207,21 @@ def test_penalized_sampling_fits_the_adjusted_target_through_the_batch_and_the_l
     assert fit_p_values(batched[0], adjusted_exact_joint(target, unadjusted))["joint"] < ALPHA
 
 
-def test_model_drafts_are_adjusted_too_so_the_target_as_its_own_draft_keeps_accepting(checkpoints):
-    """With the target as its own draft, adjusted drafts are the target's own choices. Step by step (the
-    rejection rule, which needs q) they are accepted but for last-bit differences between a 1-row draft
-    forward and the verify forward; a native chain (greedy) adds the committed tokens' adjustment to
-    every position and does not count its own tokens, so it misses where the chain repeats itself.
-    Unadjusted, this draft's greedy chains were accepted 7% of the time here."""
+def test_model_drafts_are_adjusted_too_so_the_target_as_its_own_draft_keeps_accepting(checkpoints, monkeypatch):
+    """With the target as its own draft, adjusted drafts are the target's own choices. Step by step (a
+    draft without native forwards) they are accepted but for last-bit differences between a 1-row draft
+    forward and the verify forward; a native chain (greedy, or the rejection rule's draws) adds the
+    committed tokens' adjustment to every position and does not count its own tokens, so it misses
+    where the chain repeats itself. Unadjusted, this draft's greedy chains were accepted 7% of the time here."""
     target = load_model(checkpoints["target"])
     engine = Engine(target, load_model(checkpoints["target"]), exact=False)
+    rejection = dataclasses.replace(STRONG, temperature=1.0, rule="rejection")
     for prompt in prompts(3):
         alone = engine.generate(prompt, 40, STRONG, gamma=4).stats
         batched = engine.generate_batch([prompt], 40, STRONG, gamma=4, max_batch=4)[0].stats
-        step_by_step = engine.generate(prompt, 40, dataclasses.replace(STRONG, temperature=1.0, rule="rejection"),
-                                       gamma=4).stats
-        for stats, least in ((alone, 0.6), (batched, 0.6), (step_by_step, 0.95)):
+        drawn = engine.generate(prompt, 40, rejection, gamma=4).stats
+        with monkeypatch.context() as patch:
+            patch.setattr(draft_model, "draws_natively", lambda sampling, sampler: False)
+            step_by_step = engine.generate(prompt, 40, rejection, gamma=4).stats
+        for stats, least in ((alone, 0.6), (batched, 0.6), (drawn, 0.6), (step_by_step, 0.95)):
             assert stats.drafted > 0 and stats.acceptance_rate > least, (stats.acceptance_rate, least)

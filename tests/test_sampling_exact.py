@@ -185,17 +185,22 @@ def test_speculative_sampling_matches_target_distribution(bigram_pair, temperatu
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "drafter,prompt,rule",
-    [("draft-model", PROMPT, "rejection"), ("draft-model", PROMPT, "coupled"), ("early-exit:1", PROMPT, "coupled"),
-     ("prompt-lookup", REPETITIVE_PROMPT, "rejection")],
+    "drafter,prompt,rule,path",
+    [("draft-model", PROMPT, "rejection", "single"), ("draft-model", PROMPT, "rejection", "batched"),
+     ("draft-model", PROMPT, "coupled", "single"), ("early-exit:1", PROMPT, "coupled", "single"),
+     ("prompt-lookup", REPETITIVE_PROMPT, "rejection", "single")],
 )
-def test_multi_layer_sampling_matches_target_distribution(pair, drafter, prompt, rule):
+def test_multi_layer_sampling_matches_target_distribution(pair, drafter, prompt, rule, path):
     """A 2-layer target: the draft model and early exit draft with a q; prompt lookup drafts point
-    masses (accepted exactly when the target's own sample would agree with them)."""
+    masses (accepted exactly when the target's own sample would agree with them). The draft model's
+    rejection-rule chains are native draws (one call per proposal, alone or batched), q returned."""
     target, draft = pair
     params = SamplingParams(1.0, 0, 1.0, rule=rule)
     engine = Engine(target, draft if drafter == "draft-model" else drafter, exact=False)
-    samples = speculative_samples(engine, params, 3, N_SAMPLES_MULTI_LAYER, prompt)
+    if path == "batched":
+        samples = batched_samples(engine, [(params, 3)], N_SAMPLES_MULTI_LAYER, prompt)[0]
+    else:
+        samples = speculative_samples(engine, params, 3, N_SAMPLES_MULTI_LAYER, prompt)
     assert engine.generate(prompt, 16, SamplingParams(1.0, seed=0), gamma=3).stats.drafted > 0
     p_values = fit_p_values(samples, exact_joint(target, params, prompt))
     assert min(p_values.values()) > ALPHA, p_values

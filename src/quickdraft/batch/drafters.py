@@ -16,7 +16,8 @@ import torch
 
 from quickdraft.drafters.base import Draft, Drafter
 from quickdraft.drafters.draft_model import (CATCH_UP_AFTER, DraftModelDrafter, catch_up, draft_natively,
-                                             native_draft_noise, races_natively)
+                                             draw_natively, draws_natively, drawn_distribution, native_draft_noise,
+                                             native_draw_inputs, races_natively)
 from quickdraft.drafters.early_exit import EarlyExitDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.batch.prefill import PrefillChunk, grouping, prefill
@@ -62,6 +63,13 @@ class BatchDrafter(ABC):
         """The sequence in ``source`` now lives in ``destination`` (compaction)."""
 
 
+def drafts_natively(request: DraftRequest) -> bool:
+    """Whether a sequence's chain can be drafted inside a native call: greedy, the coupled race, or an
+    untruncated rejection-rule draw (``draft_model.draws_natively``)."""
+    sampling, sampler = request.sampling, request.sampler
+    return sampling.greedy or races_natively(sampling, sampler) or draws_natively(sampling, sampler)
+
+
 def _race(requests: list[DraftRequest], logits: list[torch.Tensor], offset: int) -> list[int]:
     """Each coupled sequence's draft token at its position ``len(tokens) + offset``: the race of its
     untruncated softmax over the position's noise, as a Gumbel-max (argmax of logit / T - log E),
@@ -105,7 +113,7 @@ class _ModelDrafter(BatchDrafter):
         if not active:
             return [drafts[r.slot] for r in requests]
         native = self._native_drafting()
-        if native is not None and all(r.sampling.greedy or races_natively(r.sampling, r.sampler) for r in active):
+        if native is not None and all(drafts_natively(r) for r in active):
             drafts.update(self._propose_natively(active, n_slots, *native))
             return [drafts[r.slot] for r in requests]
         catch_up_seconds = self._catch_up(active)
@@ -169,23 +177,37 @@ class _ModelDrafter(BatchDrafter):
 
     def _propose_natively(self, active: list[DraftRequest], n_slots: int, model: Transformer, cache: KVCache,
                           n_layers: int | None) -> dict[int, Draft]:
-        """Every active sequence's chain in one native call (greedy or raced drafts: no q), the
-        steps the loop of ``propose`` would run, without Python between them."""
+        """Every active sequence's chain in one native call (greedy or raced drafts, no q; rejection-rule
+        draws, q recomputed from the logits the call returns), the steps the loop of ``propose``
+        would run, without Python between them."""
         assert model.native is not None
         catch_up_seconds = self._catch_up(active)
         first = {r.slot: self._first_rows(r) for r in active}
         ks, gumbel, temperatures = [0] * n_slots, [None] * n_slots, [1.0] * n_slots
+        uniforms: list[torch.Tensor | None] = [None] * n_slots
+        head_logits: list[torch.Tensor | None] = [None] * n_slots
         for r in active:
             ks[r.slot] = r.k
-            gumbel[r.slot], temperatures[r.slot] = native_draft_noise(len(r.tokens), r.k, self.vocab_limit, r.sampling,
-                                                                      r.sampler, r.adjuster)
+            if draws_natively(r.sampling, r.sampler):
+                uniforms[r.slot], gumbel[r.slot], head_logits[r.slot] = native_draw_inputs(
+                    model, r.k, r.sampling, r.sampler.generator, r.adjuster)  # type: ignore[attr-defined]
+                temperatures[r.slot] = r.sampling.temperature
+            else:
+                gumbel[r.slot], temperatures[r.slot] = native_draft_noise(len(r.tokens), r.k, self.vocab_limit,
+                                                                          r.sampling, r.sampler, r.adjuster)
         needed = max(first[r.slot][1] + len(first[r.slot][0]) + r.k for r in active)
         drafted = model.native.draft_batch([first.get(slot) for slot in range(n_slots)], ks, self.vocab_limit, cache,
-                                           window_bucket(needed, self.capacity), gumbel, temperatures, n_layers)
+                                           window_bucket(needed, self.capacity), gumbel, temperatures, n_layers,
+                                           uniforms, head_logits)
         by_slot = {r.slot: drafted[r.slot] for r in active}
         self._after_propose(active, by_slot)
         calls = max(ks)
-        drafts = {slot: Draft(tokens, None, calls) for slot, tokens in by_slot.items()}
+        drafts = {}
+        for r in active:
+            logits = head_logits[r.slot]
+            q = None if logits is None else drawn_distribution(model, logits, self.vocab_limit, temperatures[r.slot],
+                                                               gumbel[r.slot])
+            drafts[r.slot] = Draft(by_slot[r.slot], q, calls)
         drafts[active[0].slot].catch_up_seconds = catch_up_seconds  # the proposal's, counted once
         return drafts
 
@@ -246,8 +268,7 @@ class BatchedDraftModel(_ModelDrafter):
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest], n_slots: int) -> list[Draft]:
         active = [r for r in requests if r.k > 0]
-        if len(active) == 1 and self.model.native is not None and (
-                active[0].sampling.greedy or races_natively(active[0].sampling, active[0].sampler)):
+        if len(active) == 1 and self.model.native is not None and drafts_natively(active[0]):
             return self._propose_alone_natively(requests, active[0])
         return super().propose(requests, n_slots)
 
@@ -258,11 +279,16 @@ class BatchedDraftModel(_ModelDrafter):
         entry = self.cache.entry(request.slot)
         entry.length = self.length[request.slot]
         seconds = catch_up(self.model, entry, request.tokens)  # behind after steps without drafts
-        drafted = draft_natively(self.model, entry, request.tokens, request.k, self.vocab_limit, request.sampling,
-                                 request.sampler, request.adjuster)
+        q = None
+        if draws_natively(request.sampling, request.sampler):
+            drafted, q = draw_natively(self.model, entry, request.tokens, request.k, self.vocab_limit, request.sampling,
+                                       request.sampler.generator, request.adjuster)  # type: ignore[attr-defined]
+        else:
+            drafted = draft_natively(self.model, entry, request.tokens, request.k, self.vocab_limit, request.sampling,
+                                     request.sampler, request.adjuster)
         self._after_propose([request], {request.slot: drafted})
         drafts = {r.slot: Draft([], None) for r in requests}
-        drafts[request.slot] = Draft(drafted, None, request.k, catch_up_seconds=seconds)
+        drafts[request.slot] = Draft(drafted, q, request.k, catch_up_seconds=seconds)
         return [drafts[r.slot] for r in requests]
 
     def _after_propose(self, active: list[DraftRequest], drafted: dict[int, list[int]]) -> None:

@@ -36,6 +36,17 @@ def races_natively(sampling: SamplingParams, sampler: TokenSampler) -> bool:
     return sampler.coupled
 
 
+def draws_natively(sampling: SamplingParams, sampler: TokenSampler) -> bool:
+    """Whether a rejection-rule chain can be drafted inside one native call: each token drawn from the
+    untruncated softmax(logit / T + the request's adjustment) at a uniform from the request's
+    generator, its q computed afterwards from the logits the call returns. Only for requests without
+    top-k or top-p, so that q is the very distribution the step-by-step draft would use (temperature
+    applied to p and q alike); truncated requests keep drafting step by step."""
+    untruncated = sampling.top_k == 0 and sampling.top_p >= 1.0
+    return (not sampling.greedy and untruncated and not sampler.coupled
+            and getattr(sampler, "generator", None) is not None)
+
+
 def catch_up(model: Transformer, cache: KVCache, tokens: list[int]) -> float:
     """Prefill all but the last of the tokens ``cache`` lacks when more than CATCH_UP_AFTER are
     pending (cache writes only, the same bits as feeding them); the seconds it took."""
@@ -56,6 +67,37 @@ def draft_natively(model: Transformer, cache: KVCache, tokens: list[int], k: int
     assert model.native is not None
     noise, temperature = native_draft_noise(len(tokens), k, vocab_limit, sampling, sampler, adjuster)
     return model.native.draft_greedy(tokens[cache.length:], k, vocab_limit, cache, noise, temperature)
+
+
+def draw_natively(model: Transformer, cache: KVCache, tokens: list[int], k: int, vocab_limit: int,
+                  sampling: SamplingParams, generator: torch.Generator,
+                  adjuster: LogitAdjuster | None = None) -> tuple[list[int], torch.Tensor]:
+    """k rejection-rule draft tokens after ``tokens`` in one native call (``draws_natively``) and the
+    q [k, vocab] each was drawn from. The cache's length is left to the caller, as in draft_natively."""
+    assert model.native is not None
+    uniforms, bias, head_logits = native_draw_inputs(model, k, sampling, generator, adjuster)
+    drafted = model.native.draft_greedy(tokens[cache.length:], k, vocab_limit, cache, bias, sampling.temperature,
+                                        uniforms, head_logits)
+    return drafted, drawn_distribution(model, head_logits, vocab_limit, sampling.temperature, bias)
+
+
+def native_draw_inputs(model: Transformer, k: int, sampling: SamplingParams, generator: torch.Generator,
+                       adjuster: LogitAdjuster | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """What a native rejection-rule draw of k tokens takes: (k uniforms from the request's generator,
+    the adjustment's bias rows [k, vocab] or None, an empty [k, head rows] tensor for the logits)."""
+    uniforms = torch.rand(k, generator=generator, dtype=torch.float64)
+    bias = adjuster.draft_bias(k, sampling.temperature) if adjuster is not None else None
+    return uniforms, bias, torch.empty(k, model.lm_head.out_features)
+
+
+def drawn_distribution(model: Transformer, head_logits: torch.Tensor, vocab_limit: int, temperature: float,
+                       bias: torch.Tensor | None) -> torch.Tensor:
+    """q [k, vocab_limit]: the distributions a native draw sampled its tokens from, recomputed from the
+    logits it returned with the kernel's arithmetic (a multiply by 1 / T, then the bias)."""
+    scores = model.full_vocabulary(head_logits)[:, :vocab_limit] * (1.0 / temperature)
+    if bias is not None:
+        scores = scores + bias[:, :vocab_limit]
+    return torch.softmax(scores, dim=-1)
 
 
 def native_draft_noise(first_position: int, k: int, vocab_limit: int, sampling: SamplingParams,
@@ -153,7 +195,7 @@ class DraftModelDrafter(Drafter):
         catch_up = self._catch_up(tokens)
         adjuster = self.adjuster  # the request's (DraftContext.adjuster), kept counting by the engine
         if confidence_stop is None and self.model.native is not None and (
-                sampling.greedy or races_natively(sampling, sampler)):
+                sampling.greedy or races_natively(sampling, sampler) or draws_natively(sampling, sampler)):
             draft = self._propose_natively(tokens, k, sampling, sampler, adjuster)
         else:
             logits = self._forward(tokens[self.cache.length :])
@@ -175,13 +217,19 @@ class DraftModelDrafter(Drafter):
         same race as in Python over the positions' noise E, as a Gumbel-max (argmax of logit / T
         - log E) over the untruncated softmax: without top-k or top-p the draws agree but for
         last-bit near-ties, and the target's race decides each token either way. No q comes back:
-        the coupled rule verifies without one."""
+        the coupled rule verifies without one. The rejection rule draws from the untruncated softmax
+        instead (``draw_natively``), its q returned with the tokens."""
         assert self.cache is not None
-        drafted = draft_natively(self.model, self.cache, tokens, k, self.vocab_limit, sampling, sampler, adjuster)
+        q = None
+        if draws_natively(sampling, sampler):
+            drafted, q = draw_natively(self.model, self.cache, tokens, k, self.vocab_limit, sampling,
+                                       sampler.generator, adjuster)  # type: ignore[attr-defined]
+        else:
+            drafted = draft_natively(self.model, self.cache, tokens, k, self.vocab_limit, sampling, sampler, adjuster)
         self._base = len(tokens)
         self._fed = k - 1
         self.cache.length = self._base + self._fed
-        return Draft(drafted, None, k)
+        return Draft(drafted, q, k)
 
     def accept(self, n_accepted: int) -> None:
         assert self.cache is not None

@@ -249,33 +249,47 @@ def draft_greedy(tokens: torch.Tensor, start: int, k: int, vocab_limit: int, cos
                  signed_sin: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
                  weights: list[torch.Tensor], n_layers: int, n_head: int, n_kv: int, head_dim: int,
                  intermediate: int, vocab: int, eps: float, head_ids: torch.Tensor | None = None,
-                 gumbel: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
+                 gumbel: torch.Tensor | None = None, temperature: float = 1.0, uniforms: torch.Tensor | None = None,
+                 logits_out: torch.Tensor | None = None) -> torch.Tensor:
     """Feed tokens [1, T] after ``start`` cached tokens, then draft ``k`` tokens greedily in one call
     (``forward``'s steps, the argmax of each fed back): -> int64 [k]. ``head_ids`` [vocab] maps the
     head's rows to token ids when the head covers a subset of the vocabulary. ``gumbel`` [k, V]
-    (float32, by token id) makes each step a Gumbel-max draw at ``temperature`` instead."""
+    (float32, by token id) makes each step a Gumbel-max draw at ``temperature`` instead. ``uniforms``
+    [k] (float64 in [0, 1)) makes each step an inverse-CDF draw from softmax(logit / temperature +
+    gumbel), ``gumbel`` then an additive bias. ``logits_out`` [k, vocab] (float32) receives each
+    step's logits."""
     ids = torch.empty(0, dtype=torch.long) if head_ids is None else head_ids
     noise = torch.empty(0, 0) if gumbel is None else gumbel
+    scale = 1.0 if gumbel is None and uniforms is None else 1.0 / temperature
     return torch.ops.quickdraft.draft_greedy(tokens, start, k, vocab_limit, cos, signed_sin, keys, values, weights,
                                              n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, ids, noise,
-                                             1.0 if gumbel is None else 1.0 / temperature)
+                                             scale, torch.empty(0, dtype=torch.float64) if uniforms is None else uniforms,
+                                             torch.empty(0, 0) if logits_out is None else logits_out)
 
 
 def draft_batch(tokens: torch.Tensor, positions: torch.Tensor, ks: list[int], window: int, vocab_limit: int,
                 cos: torch.Tensor, signed_sin: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
                 weights: list[torch.Tensor], n_layers: int, n_head: int, n_kv: int, head_dim: int,
                 intermediate: int, vocab: int, eps: float, head_ids: torch.Tensor | None,
-                gumbel: list[torch.Tensor | None], temperatures: list[float]) -> torch.Tensor:
+                gumbel: list[torch.Tensor | None], temperatures: list[float],
+                uniforms: list[torch.Tensor | None] | None = None,
+                logits_out: list[torch.Tensor | None] | None = None) -> torch.Tensor:
     """``draft_greedy`` for a batch: sequence b feeds tokens[b] (its real rows last, front padding at
     scratch positions) and drafts ks[b] tokens, each step one [B, rows] forward over cache slots
     [0, window) -> int64 [B, max(ks)], -1 past a sequence's own count. ``gumbel[b]`` [ks[b], V]
-    races sequence b's draws at ``temperatures[b]``; None drafts its argmax."""
+    races sequence b's draws at ``temperatures[b]``; None drafts its argmax. ``uniforms[b]`` [ks[b]]
+    (float64) draws sequence b's tokens from softmax(logit / T + gumbel[b]) instead, and
+    ``logits_out[b]`` [ks[b], head rows] (float32) receives its steps' logits."""
     ids = torch.empty(0, dtype=torch.long) if head_ids is None else head_ids
+    none = [None] * len(ks)
+    uniforms, logits_out = uniforms or none, logits_out or none
     noise = [torch.empty(0, 0) if g is None else g for g in gumbel]
-    inverse = [1.0 if g is None else 1.0 / t for g, t in zip(gumbel, temperatures)]
+    inverse = [1.0 if g is None and u is None else 1.0 / t for g, u, t in zip(gumbel, uniforms, temperatures)]
+    draws = [torch.empty(0, dtype=torch.float64) if u is None else u for u in uniforms]
+    kept = [torch.empty(0, 0) if out is None else out for out in logits_out]
     return torch.ops.quickdraft.draft_batch(tokens, positions, torch.tensor(ks, dtype=torch.long), window, vocab_limit,
                                             cos, signed_sin, keys, values, weights, n_layers, n_head, n_kv, head_dim,
-                                            intermediate, vocab, eps, ids, noise, inverse)
+                                            intermediate, vocab, eps, ids, noise, inverse, draws, kept)
 
 
 def nucleus_keep(probs: torch.Tensor, top_p: float, margin: float) -> torch.Tensor:

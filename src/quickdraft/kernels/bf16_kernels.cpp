@@ -1139,6 +1139,61 @@ int64_t draft_pick(const T* logits, int64_t vocab_limit, const int64_t* row_toke
   return row_token ? row_token[best] : best;
 }
 
+// A draft's token drawn from softmax(logit * scale + g) over [0, vocab_limit) by the inverse of its
+// cumulative distribution at u in [0, 1): the rejection rule's draw, whose q the caller recomputes
+// from the logits the call returns. g (indexed by token id) may be null; row_token as in draft_pick.
+// The weights e^(score - max) are summed a block at a time in token order, then the block that holds
+// u * total is scanned token by token.
+template <typename T>
+int64_t draft_sample(const T* logits, int64_t vocab_limit, const int64_t* row_token, const float* g, float scale,
+                     double u, std::vector<float>& weights) {
+  weights.resize(static_cast<size_t>(vocab_limit));
+  float* w = weights.data();
+  for (int64_t v = 0; v < vocab_limit; ++v) {
+    const float x = static_cast<float>(logits[v]) * scale;
+    w[v] = g ? x + g[row_token ? row_token[v] : v] : x;
+  }
+  float top = -INFINITY;
+  for (int64_t v = 0; v < vocab_limit; ++v) top = std::max(top, w[v]);
+  if (!(top > -INFINITY)) return row_token ? row_token[0] : 0;  // every score -inf (or NaN)
+  const V top_v = Simd::set1(top);
+  std::vector<double> block_sums;
+  double total = 0.0;
+  for (int64_t b = 0; b < vocab_limit; b += kPickBlock) {
+    V acc = Simd::zero();
+    for (int64_t v = b; v < std::min(b + kPickBlock, vocab_limit); v += kLanes) {
+      const int64_t n = std::min(kLanes, vocab_limit - v);
+      const V e = Simd::first(exp_clamped(Simd::sub(Simd::load(w + v, n), top_v)), n);
+      Simd::store(w + v, n, e);
+      acc = Simd::add(acc, e);
+    }
+    block_sums.push_back(Simd::sum(acc));
+    total += block_sums.back();
+  }
+  const double goal = u * total;
+  double below = 0.0;
+  int64_t last_positive = -1;
+  for (size_t i = 0; i < block_sums.size(); ++i) {
+    const int64_t b = static_cast<int64_t>(i) * kPickBlock;
+    if (below + block_sums[i] <= goal && i + 1 < block_sums.size()) {
+      below += block_sums[i];
+      continue;
+    }
+    for (int64_t v = b; v < std::min(b + kPickBlock, vocab_limit); ++v) {
+      if (w[v] <= 0.0f) continue;
+      last_positive = v;
+      below += w[v];
+      if (below > goal) return row_token ? row_token[v] : v;
+    }
+    break;  // rounding (the blocks' float sums) left the goal past the block: its last positive token
+  }
+  if (last_positive < 0)
+    for (int64_t v = vocab_limit - 1; v >= 0; --v)
+      if (w[v] > 0.0f) { last_positive = v; break; }
+  const int64_t best = last_positive < 0 ? 0 : last_positive;
+  return row_token ? row_token[best] : best;
+}
+
 // quickdraft::draft_greedy: a draft model's whole greedy proposal in one call. Feeds tokens [1, T]
 // at positions start.. (a chain after the cache's first start slots), then drafts k tokens: each
 // is the first maximum of the last row's logits over [0, vocab_limit), and all but the last are
@@ -1149,12 +1204,16 @@ int64_t draft_pick(const T* logits, int64_t vocab_limit, const int64_t* row_toke
 // gumbel, when not empty ([k, V] float32, indexed by token id), turns the argmax into a race: token i
 // maximises logit / temperature + gumbel[i] (Gumbel-max: a sample of softmax(logit / temperature),
 // the coupled rule's draw when gumbel = -log E of the position's noise).
+// uniforms, when not empty ([k] float64 in [0, 1)), draws each token from softmax(logit * inverse_temperature
+// + gumbel) instead (draft_sample; gumbel then only adds a bias, e.g. penalties): the rejection rule's draw.
+// logits_out, when not empty ([k, head rows] float32), receives each step's logits.
 template <typename T>
 at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t k, int64_t vocab_limit,
                                const at::Tensor& cos, const at::Tensor& signed_sin, at::TensorList keys,
                                at::TensorList values, at::TensorList weights, int64_t n_layers, int64_t n_head,
                                int64_t n_kv, int64_t head_dim, int64_t intermediate, int64_t vocab, double eps,
-                               const at::Tensor& head_ids, const at::Tensor& gumbel, double inverse_temperature) {
+                               const at::Tensor& head_ids, const at::Tensor& gumbel, double inverse_temperature,
+                               const at::Tensor& uniforms, const at::Tensor& logits_out) {
   TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == 1 && tokens.size(1) >= 1 && k >= 1 && vocab_limit >= 1 &&
               vocab_limit <= vocab, "draft_greedy: one sequence of at least one token, k >= 1, a vocabulary limit");
   TORCH_CHECK(head_ids.numel() == 0 || (head_ids.numel() == vocab && head_ids.scalar_type() == at::kLong),
@@ -1163,8 +1222,16 @@ at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t 
               "draft_greedy: gumbel holds k rows of float32 noise indexed by token id");
   const at::Tensor id_map = head_ids.contiguous();
   const int64_t* row_token = head_ids.numel() ? id_map.data_ptr<int64_t>() : nullptr;
+  TORCH_CHECK(uniforms.numel() == 0 || (uniforms.numel() == k && uniforms.scalar_type() == at::kDouble),
+              "draft_greedy: uniforms holds one float64 draw in [0, 1) per drafted token");
+  TORCH_CHECK(logits_out.numel() == 0 || (logits_out.dim() == 2 && logits_out.size(0) == k && logits_out.size(1) == vocab &&
+                                          logits_out.scalar_type() == at::kFloat && logits_out.is_contiguous()),
+              "draft_greedy: logits_out is a contiguous float32 [k, head rows] tensor");
   const at::Tensor noise = gumbel.contiguous();
   const float* noise_rows = gumbel.numel() ? noise.data_ptr<float>() : nullptr;
+  const double* draws = uniforms.numel() ? uniforms.data_ptr<double>() : nullptr;
+  float* logits_rows = logits_out.numel() ? logits_out.data_ptr<float>() : nullptr;
+  std::vector<float> sample_weights;
   const float scale = static_cast<float>(inverse_temperature);
   at::Tensor drafted = at::empty({k}, tokens.options());
   auto* out = drafted.data_ptr<int64_t>();
@@ -1178,8 +1245,12 @@ at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t 
     if (t > 1) mask = mask.tril(first);  // row j sees slots [0, first + j]
     const at::Tensor logits = forward_native<T>(feed, positions, positions, mask, cos, signed_sin, keys, values,
                                                 weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, 1);
-    const int64_t best = draft_pick(logits.data_ptr<T>(), vocab_limit, row_token,
-                                    noise_rows ? noise_rows + i * noise.size(1) : nullptr, scale);
+    const T* row = logits.data_ptr<T>();
+    if (logits_rows)
+      for (int64_t v = 0; v < vocab; ++v) logits_rows[i * vocab + v] = static_cast<float>(row[v]);
+    const float* g = noise_rows ? noise_rows + i * noise.size(1) : nullptr;
+    const int64_t best = draws ? draft_sample(row, vocab_limit, row_token, g, scale, draws[i], sample_weights)
+                               : draft_pick(row, vocab_limit, row_token, g, scale);
     out[i] = best;
     first += t;
     feed = at::full({1, 1}, best, ids);
@@ -1191,11 +1262,12 @@ at::Tensor draft_greedy(const at::Tensor& tokens, int64_t start, int64_t k, int6
                         const at::Tensor& signed_sin, at::TensorList keys, at::TensorList values,
                         at::TensorList weights, int64_t n_layers, int64_t n_head, int64_t n_kv, int64_t head_dim,
                         int64_t intermediate, int64_t vocab, double eps, const at::Tensor& head_ids,
-                        const at::Tensor& gumbel, double inverse_temperature) {
+                        const at::Tensor& gumbel, double inverse_temperature, const at::Tensor& uniforms,
+                        const at::Tensor& logits_out) {
   return by_weight_dtype("draft_greedy", weights[0], cos, [&](auto element) {
     return draft_greedy_native<decltype(element)>(tokens, start, k, vocab_limit, cos, signed_sin, keys, values,
                                                   weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps,
-                                                  head_ids, gumbel, inverse_temperature);
+                                                  head_ids, gumbel, inverse_temperature, uniforms, logits_out);
   });
 }
 
@@ -1205,20 +1277,24 @@ at::Tensor draft_greedy(const at::Tensor& tokens, int64_t start, int64_t k, int6
 // tokens to draft per sequence (0: none). Every step is one [B, rows] forward attending over cache
 // slots [0, window); a sequence done drafting feeds token 0 at the scratch slot capacity - 1.
 // gumbel[b], when not empty ([ks[b], V] float32), races sequence b's draws at inverse temperature
-// inverse_temperatures[b] (see draft_pick). -> drafted [B, max ks] (-1 past a sequence's ks[b]).
+// inverse_temperatures[b] (see draft_pick). uniforms[b], when not empty ([ks[b]] float64), draws sequence
+// b's tokens instead (draft_sample, as in draft_greedy), and logits_out[b], when not empty ([ks[b], head
+// rows] float32), receives its steps' logits. -> drafted [B, max ks] (-1 past a sequence's ks[b]).
 template <typename T>
 at::Tensor draft_batch_native(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& ks,
                               int64_t window, int64_t vocab_limit, const at::Tensor& cos, const at::Tensor& signed_sin,
                               at::TensorList keys, at::TensorList values, at::TensorList weights, int64_t n_layers,
                               int64_t n_head, int64_t n_kv, int64_t head_dim, int64_t intermediate, int64_t vocab,
                               double eps, const at::Tensor& head_ids, at::TensorList gumbel,
-                              at::ArrayRef<double> inverse_temperatures) {
+                              at::ArrayRef<double> inverse_temperatures, at::TensorList uniforms,
+                              at::TensorList logits_out) {
   const int64_t batch = tokens.size(0), capacity = keys[0].size(2);
   TORCH_CHECK(tokens.dim() == 2 && positions.sizes() == tokens.sizes() && ks.numel() == batch &&
               ks.scalar_type() == at::kLong && static_cast<int64_t>(gumbel.size()) == batch &&
-              static_cast<int64_t>(inverse_temperatures.size()) == batch && vocab_limit >= 1 && vocab_limit <= vocab &&
-              window >= 1 && window <= capacity, "draft_batch: tokens and positions [B, T], ks, gumbel and "
-              "inverse temperatures per sequence, a vocabulary limit, a window within the cache");
+              static_cast<int64_t>(inverse_temperatures.size()) == batch && static_cast<int64_t>(uniforms.size()) == batch &&
+              static_cast<int64_t>(logits_out.size()) == batch && vocab_limit >= 1 && vocab_limit <= vocab &&
+              window >= 1 && window <= capacity, "draft_batch: tokens and positions [B, T], ks, gumbel, "
+              "inverse temperatures, uniforms and logits_out per sequence, a vocabulary limit, a window within the cache");
   TORCH_CHECK(head_ids.numel() == 0 || (head_ids.numel() == vocab && head_ids.scalar_type() == at::kLong),
               "draft_batch: head_ids maps each of the head's rows to a token id (int64)");
   const at::Tensor k_per = ks.contiguous();
@@ -1230,7 +1306,15 @@ at::Tensor draft_batch_native(const at::Tensor& tokens, const at::Tensor& positi
                                            gumbel[b].scalar_type() == at::kFloat),
                 "draft_batch: gumbel[b] holds ks[b] rows of float32 noise indexed by token id");
     noise[b] = gumbel[b].contiguous();
+    TORCH_CHECK(uniforms[b].numel() == 0 || (uniforms[b].numel() == k[b] && uniforms[b].scalar_type() == at::kDouble &&
+                                             uniforms[b].is_contiguous()),
+                "draft_batch: uniforms[b] holds one float64 draw in [0, 1) per token sequence b drafts");
+    TORCH_CHECK(logits_out[b].numel() == 0 ||
+                    (logits_out[b].dim() == 2 && logits_out[b].size(0) == k[b] && logits_out[b].size(1) == vocab &&
+                     logits_out[b].scalar_type() == at::kFloat && logits_out[b].is_contiguous()),
+                "draft_batch: logits_out[b] is a contiguous float32 [ks[b], head rows] tensor");
   }
+  std::vector<float> sample_weights;
   const at::Tensor id_map = head_ids.contiguous();
   const int64_t* row_token = head_ids.numel() ? id_map.data_ptr<int64_t>() : nullptr;
   const auto ids = tokens.options();
@@ -1252,9 +1336,16 @@ at::Tensor draft_batch_native(const at::Tensor& tokens, const at::Tensor& positi
     bool feeding = false;
     for (int64_t b = 0; b < batch; ++b) {
       if (i >= k[b]) continue;
+      const T* row = rows + b * vocab;
+      if (logits_out[b].numel()) {
+        float* kept = logits_out[b].data_ptr<float>() + i * vocab;
+        for (int64_t v = 0; v < vocab; ++v) kept[v] = static_cast<float>(row[v]);
+      }
       const float* g = noise[b].numel() ? noise[b].data_ptr<float>() + i * noise[b].size(1) : nullptr;
-      const int64_t best = draft_pick(rows + b * vocab, vocab_limit, row_token, g,
-                                      static_cast<float>(inverse_temperatures[b]));
+      const float scale = static_cast<float>(inverse_temperatures[b]);
+      const int64_t best = uniforms[b].numel()
+          ? draft_sample(row, vocab_limit, row_token, g, scale, uniforms[b].data_ptr<double>()[i], sample_weights)
+          : draft_pick(row, vocab_limit, row_token, g, scale);
       out[b * k_max + i] = best;
       if (i + 1 < k[b]) {
         next_token[b] = best;
@@ -1273,11 +1364,13 @@ at::Tensor draft_batch(const at::Tensor& tokens, const at::Tensor& positions, co
                        int64_t vocab_limit, const at::Tensor& cos, const at::Tensor& signed_sin, at::TensorList keys,
                        at::TensorList values, at::TensorList weights, int64_t n_layers, int64_t n_head, int64_t n_kv,
                        int64_t head_dim, int64_t intermediate, int64_t vocab, double eps, const at::Tensor& head_ids,
-                       at::TensorList gumbel, at::ArrayRef<double> inverse_temperatures) {
+                       at::TensorList gumbel, at::ArrayRef<double> inverse_temperatures, at::TensorList uniforms,
+                       at::TensorList logits_out) {
   return by_weight_dtype("draft_batch", weights[0], cos, [&](auto element) {
     return draft_batch_native<decltype(element)>(tokens, positions, ks, window, vocab_limit, cos, signed_sin, keys,
                                                  values, weights, n_layers, n_head, n_kv, head_dim, intermediate,
-                                                 vocab, eps, head_ids, gumbel, inverse_temperatures);
+                                                 vocab, eps, head_ids, gumbel, inverse_temperatures, uniforms,
+                                                 logits_out);
   });
 }
 
@@ -1504,11 +1597,12 @@ TORCH_LIBRARY(quickdraft, m) {
         "int intermediate, int vocab, float eps, int logits_rows) -> Tensor");
   m.def("draft_greedy(Tensor tokens, int start, int k, int vocab_limit, Tensor cos, Tensor signed_sin, "
         "Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, int n_kv, int head_dim, "
-        "int intermediate, int vocab, float eps, Tensor head_ids, Tensor gumbel, float inverse_temperature) -> Tensor");
+        "int intermediate, int vocab, float eps, Tensor head_ids, Tensor gumbel, float inverse_temperature, "
+        "Tensor uniforms, Tensor(c!) logits_out) -> Tensor");
   m.def("draft_batch(Tensor tokens, Tensor positions, Tensor ks, int window, int vocab_limit, Tensor cos, "
         "Tensor signed_sin, Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, "
         "int n_kv, int head_dim, int intermediate, int vocab, float eps, Tensor head_ids, Tensor[] gumbel, "
-        "float[] inverse_temperatures) -> Tensor");
+        "float[] inverse_temperatures, Tensor[] uniforms, Tensor(c!)[] logits_out) -> Tensor");
   m.def("nucleus_keep(Tensor probs, float top_p, float margin) -> Tensor");
   m.def("exponential_noise(Tensor keys, int vocab) -> Tensor");
   m.def("nucleus_race(Tensor probs, Tensor noise, float top_p, float margin) -> Tensor");

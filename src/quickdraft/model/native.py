@@ -93,7 +93,8 @@ class NativeForward:
         return self.model.full_vocabulary(logits)
 
     def draft_greedy(self, tokens: list[int], k: int, vocab_limit: int, cache: KVCache,
-                     gumbel: torch.Tensor | None = None, temperature: float = 1.0) -> list[int]:
+                     gumbel: torch.Tensor | None = None, temperature: float = 1.0,
+                     uniforms: torch.Tensor | None = None, logits_out: torch.Tensor | None = None) -> list[int]:
         """Feed ``tokens`` after the cache's ``length`` tokens, then draft k tokens greedily (each
         the first maximum of its logits below ``vocab_limit``), all in one C++ call: the same
         forwards as feeding them one by one, without Python between the steps. The cache's length
@@ -101,7 +102,10 @@ class NativeForward:
 
         A subset head's rows are searched up to the last id below ``vocab_limit`` (its ids ascend, so
         the first maximum is the one the full-vocabulary logits give). With ``gumbel`` [k, V] each
-        step draws instead: the maximum of logit / temperature + gumbel[step, token]."""
+        step draws instead: the maximum of logit / temperature + gumbel[step, token]. With ``uniforms``
+        [k] each step draws from softmax(logit / temperature + gumbel) at that point of its cumulative
+        distribution (the rejection rule's draft). ``logits_out`` [k, head rows] float32 receives each
+        step's head logits."""
         head_ids = self.model.head_ids
         if head_ids is not None:
             vocab_limit = int(torch.searchsorted(head_ids, vocab_limit))
@@ -111,18 +115,21 @@ class NativeForward:
         drafted = kernels.draft_greedy(
             torch.tensor([tokens], dtype=torch.long), start, k, vocab_limit,
             *self._cache_inputs(cache, 1, start + len(tokens) + k), self.weights, self.model.config.n_layer,
-            *self.shape, self.eps, head_ids, gumbel, temperature)
+            *self.shape, self.eps, head_ids, gumbel, temperature, uniforms, logits_out)
         return drafted.tolist()
 
     def draft_batch(self, feeds: list[tuple[list[int], int] | None], ks: list[int], vocab_limit: int, cache: KVCache,
                     window: int, gumbel: list[torch.Tensor | None], temperatures: list[float],
-                    n_layers: int | None = None) -> list[list[int]]:
+                    n_layers: int | None = None, uniforms: list[torch.Tensor | None] | None = None,
+                    logits_out: list[torch.Tensor | None] | None = None) -> list[list[int]]:
         """``draft_greedy`` for the first B = len(feeds) entries of ``cache`` in one C++ call: entry b
         feeds ``feeds[b]`` = (tokens, position of the first), or nothing (None), then drafts ks[b]
         tokens, greedily or, with ``gumbel[b]`` [ks[b], V], raced at ``temperatures[b]``. Every
         step is one [B, rows] forward attending over cache slots [0, window); rows that pad a
         shorter feed, and sequences done drafting, write scratch slots at the end of their entry,
-        past any sequence's data. ``n_layers``: the first layers only (early exit)."""
+        past any sequence's data. ``n_layers``: the first layers only (early exit). ``uniforms[b]``
+        [ks[b]] draws entry b's tokens instead (``draft_greedy``'s draw), ``logits_out[b]`` receives
+        its steps' logits."""
         head_ids = self.model.head_ids
         if head_ids is not None:
             vocab_limit = int(torch.searchsorted(head_ids, vocab_limit))
@@ -143,5 +150,5 @@ class NativeForward:
             torch.tensor(token_rows), torch.tensor(position_rows), ks, window, vocab_limit,
             *self._cache_inputs(cache, len(feeds), cache.capacity), self.weights,
             self.model.config.n_layer if n_layers is None else n_layers, *self.shape, self.eps, head_ids, gumbel,
-            temperatures)
+            temperatures, uniforms, logits_out)
         return [row[:k] for row, k in zip(drafted.tolist(), ks)]
