@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from quickdraft.drafters.base import Draft, Drafter
-from quickdraft.drafters.draft_model import (CATCH_UP_AFTER, DraftModelDrafter, catch_up, draft_natively,
-                                             draw_natively, draws_natively, drawn_distribution, native_draft_noise,
+from quickdraft.drafters.draft_model import (CATCH_UP_AFTER, DraftModelDrafter, catch_up, drafts_natively,
+                                             draws_natively, drawn_distribution, native_chain, native_draft_noise,
                                              native_draw_inputs, races_natively)
 from quickdraft.drafters.early_exit import EarlyExitDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
@@ -63,13 +63,6 @@ class BatchDrafter(ABC):
         """The sequence in ``source`` now lives in ``destination`` (compaction)."""
 
 
-def drafts_natively(request: DraftRequest) -> bool:
-    """Whether a sequence's chain can be drafted inside a native call: greedy, the coupled race, or an
-    untruncated rejection-rule draw (``draft_model.draws_natively``)."""
-    sampling, sampler = request.sampling, request.sampler
-    return sampling.greedy or races_natively(sampling, sampler) or draws_natively(sampling, sampler)
-
-
 def _race(requests: list[DraftRequest], logits: list[torch.Tensor], offset: int) -> list[int]:
     """Each coupled sequence's draft token at its position ``len(tokens) + offset``: the race of its
     untruncated softmax over the position's noise, as a Gumbel-max (argmax of logit / T - log E),
@@ -113,7 +106,7 @@ class _ModelDrafter(BatchDrafter):
         if not active:
             return [drafts[r.slot] for r in requests]
         native = self._native_drafting()
-        if native is not None and all(drafts_natively(r) for r in active):
+        if native is not None and all(drafts_natively(r.sampling, r.sampler) for r in active):
             drafts.update(self._propose_natively(active, n_slots, *native))
             return [drafts[r.slot] for r in requests]
         catch_up_seconds = self._catch_up(active)
@@ -268,7 +261,7 @@ class BatchedDraftModel(_ModelDrafter):
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest], n_slots: int) -> list[Draft]:
         active = [r for r in requests if r.k > 0]
-        if len(active) == 1 and self.model.native is not None and drafts_natively(active[0]):
+        if len(active) == 1 and self.model.native is not None and drafts_natively(active[0].sampling, active[0].sampler):
             return self._propose_alone_natively(requests, active[0])
         return super().propose(requests, n_slots)
 
@@ -279,13 +272,8 @@ class BatchedDraftModel(_ModelDrafter):
         entry = self.cache.entry(request.slot)
         entry.length = self.length[request.slot]
         seconds = catch_up(self.model, entry, request.tokens)  # behind after steps without drafts
-        q = None
-        if draws_natively(request.sampling, request.sampler):
-            drafted, q = draw_natively(self.model, entry, request.tokens, request.k, self.vocab_limit, request.sampling,
-                                       request.sampler.generator, request.adjuster)  # type: ignore[attr-defined]
-        else:
-            drafted = draft_natively(self.model, entry, request.tokens, request.k, self.vocab_limit, request.sampling,
-                                     request.sampler, request.adjuster)
+        drafted, q = native_chain(self.model, entry, request.tokens, request.k, self.vocab_limit, request.sampling,
+                                  request.sampler, request.adjuster)
         self._after_propose([request], {request.slot: drafted})
         drafts = {r.slot: Draft([], None) for r in requests}
         drafts[request.slot] = Draft(drafted, q, request.k, catch_up_seconds=seconds)

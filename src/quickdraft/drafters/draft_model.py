@@ -47,6 +47,12 @@ def draws_natively(sampling: SamplingParams, sampler: TokenSampler) -> bool:
             and getattr(sampler, "generator", None) is not None)
 
 
+def drafts_natively(sampling: SamplingParams, sampler: TokenSampler) -> bool:
+    """Whether a chain can be drafted inside one native call: greedy, the coupled race
+    (``races_natively``) or the rejection rule's draws (``draws_natively``)."""
+    return sampling.greedy or races_natively(sampling, sampler) or draws_natively(sampling, sampler)
+
+
 def catch_up(model: Transformer, cache: KVCache, tokens: list[int]) -> float:
     """Prefill all but the last of the tokens ``cache`` lacks when more than CATCH_UP_AFTER are
     pending (cache writes only, the same bits as feeding them); the seconds it took."""
@@ -67,6 +73,18 @@ def draft_natively(model: Transformer, cache: KVCache, tokens: list[int], k: int
     assert model.native is not None
     noise, temperature = native_draft_noise(len(tokens), k, vocab_limit, sampling, sampler, adjuster)
     return model.native.draft_greedy(tokens[cache.length:], k, vocab_limit, cache, noise, temperature)
+
+
+def native_chain(model: Transformer, cache: KVCache, tokens: list[int], k: int, vocab_limit: int,
+                 sampling: SamplingParams, sampler: TokenSampler,
+                 adjuster: LogitAdjuster | None = None) -> tuple[list[int], torch.Tensor | None]:
+    """(k draft tokens, their q or None) in one native call, for a request ``drafts_natively`` accepts:
+    drawn with q under the rejection rule (``draw_natively``), else greedy or raced without one
+    (``draft_natively``). The cache's length is left to the caller."""
+    if draws_natively(sampling, sampler):
+        return draw_natively(model, cache, tokens, k, vocab_limit, sampling,
+                             sampler.generator, adjuster)  # type: ignore[attr-defined]
+    return draft_natively(model, cache, tokens, k, vocab_limit, sampling, sampler, adjuster), None
 
 
 def draw_natively(model: Transformer, cache: KVCache, tokens: list[int], k: int, vocab_limit: int,
@@ -194,8 +212,7 @@ class DraftModelDrafter(Drafter):
         assert self.cache is not None, "begin() first"
         catch_up = self._catch_up(tokens)
         adjuster = self.adjuster  # the request's (DraftContext.adjuster), kept counting by the engine
-        if confidence_stop is None and self.model.native is not None and (
-                sampling.greedy or races_natively(sampling, sampler) or draws_natively(sampling, sampler)):
+        if confidence_stop is None and self.model.native is not None and drafts_natively(sampling, sampler):
             draft = self._propose_natively(tokens, k, sampling, sampler, adjuster)
         else:
             logits = self._forward(tokens[self.cache.length :])
@@ -220,12 +237,7 @@ class DraftModelDrafter(Drafter):
         the coupled rule verifies without one. The rejection rule draws from the untruncated softmax
         instead (``draw_natively``), its q returned with the tokens."""
         assert self.cache is not None
-        q = None
-        if draws_natively(sampling, sampler):
-            drafted, q = draw_natively(self.model, self.cache, tokens, k, self.vocab_limit, sampling,
-                                       sampler.generator, adjuster)  # type: ignore[attr-defined]
-        else:
-            drafted = draft_natively(self.model, self.cache, tokens, k, self.vocab_limit, sampling, sampler, adjuster)
+        drafted, q = native_chain(self.model, self.cache, tokens, k, self.vocab_limit, sampling, sampler, adjuster)
         self._base = len(tokens)
         self._fed = k - 1
         self.cache.length = self._base + self._fed
