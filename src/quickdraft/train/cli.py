@@ -114,7 +114,9 @@ def _cmd_draft(ns: argparse.Namespace) -> int:
     summary = train_draft(_train_args(ns), None, ns.target, generated_fraction=ns.generated_fraction,
                           n_generations=ns.generations, regenerate=ns.regenerate, init_from=ns.init_from,
                           copy_fraction=ns.copy_fraction, induction_steps=ns.induction_steps, data=data,
-                          shape_overrides=overrides)
+                          shape_overrides=overrides, sampled_generations=ns.sampled_generations,
+                          sample_temperature=ns.sample_temperature, tv_weight=ns.tv_weight,
+                          tv_temperature=ns.tv_temperature)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -251,7 +253,15 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--induction-steps", type=int, default=0,
                    help="first train the draft this many steps to copy repeated random tokens (forms the copying "
                    "circuit a small draft of a copying target needs; ~800 suits the embedded draft; 0: off)")
-    p.add_argument("--regenerate", action="store_true", help="discard OUT/generations.npy and generate anew "
+    p.add_argument("--sampled-generations", type=int, default=0,
+                   help="also train on this many target continuations sampled at --sample-temperature (the text "
+                   "sampled speculation meets; 0: greedy generations only)")
+    p.add_argument("--sample-temperature", type=float, default=0.8)
+    p.add_argument("--tv-weight", type=float, default=0.0,
+                   help="add this weight x the total variation distance to the target at --tv-temperature to the "
+                   "KL loss (1 - TV is the rejection rule's acceptance there; 0: KL only)")
+    p.add_argument("--tv-temperature", type=float, default=0.8)
+    p.add_argument("--regenerate", action="store_true", help="discard OUT/generations*.npy and generate anew "
                    "(after --resume against a newer target)")
     p.add_argument("--init-from", type=Path, default=None, metavar="DIR",
                    help="fine-tune: start from the weights of this draft model dir (e.g. runs/draft/final) with a "

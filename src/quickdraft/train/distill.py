@@ -1,10 +1,15 @@
 """Draft distillation: a small model trained to match the target's next-token distribution.
 
 Loss: KL(p_target || q_draft) at temperature 1, summed over the vocabulary and averaged over
-positions. Half of each batch is corpus text; the other half is the target's own greedy
-continuations of corpus prefixes (generated once, before training), which is the text the draft
-will have to predict during greedy speculative decoding. Same tokenizer as the target: the
-vocabularies must be identical for the draft's tokens to mean anything to the target.
+positions, plus (``tv_weight`` > 0) that weight times the total variation distance between the two
+distributions at a sampling temperature: 1 − TV is the chance that a token drawn from the draft is
+accepted there (Leviathan et al. 2022, section 3.3), the figure sampled speculation lives by, and
+which KL only bounds (DistillSpec, Zhou et al. 2023, found TV the better objective for sampling).
+Half of each batch is corpus text; the other half is the target's own continuations of corpus
+prefixes (generated once, before training): greedy ones, the text the draft meets in greedy
+speculative decoding, and optionally sampled ones at a temperature, the text it meets there. Same
+tokenizer as the target: the vocabularies must be identical for the draft's tokens to mean anything
+to the target.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ from quickdraft.train.induction import INDUCTION_LR, induction_bootstrap
 from quickdraft.train.shapes import ModelShape
 from quickdraft.train.text_data import load_stream, prepare_token_data, token_dtype
 
+ACCEPTANCE_TEMPERATURE = 0.8  # the sampling temperature the bench and the demo report
+
 log = logging.getLogger(__name__)
 
 
@@ -59,26 +66,35 @@ def draft_shape_for(target: ModelConfig) -> ModelShape:
 
 @torch.no_grad()
 def greedy_generate(model: Transformer, prompts: torch.Tensor, n_new: int, *,
-                    exit_layer: int | None = None) -> torch.Tensor:
-    """Batched greedy continuation: prompts [batch, P] (same length) -> [batch, P + n_new]."""
+                    exit_layer: int | None = None, temperature: float = 0.0,
+                    generator: torch.Generator | None = None) -> torch.Tensor:
+    """Batched continuation: prompts [batch, P] (same length) -> [batch, P + n_new]; greedy, or
+    drawn from softmax(logits / ``temperature``) by ``generator`` when ``temperature`` > 0."""
     model.eval()
     batch, length = prompts.shape
     cache = model.new_cache(length + n_new, batch=batch)
+
+    def pick(last: torch.Tensor) -> torch.Tensor:  # [batch, vocab] -> [batch, 1]
+        if temperature <= 0:
+            return last.argmax(-1, keepdim=True)
+        return torch.multinomial(torch.softmax(last.float() / temperature, dim=-1), 1, generator=generator)
+
     logits = model(prompts, 0, cache, exit_layer=exit_layer)  # [batch, P, vocab]
     out = [prompts]
-    nxt = logits[:, -1].argmax(-1, keepdim=True)  # [batch, 1]
+    nxt = pick(logits[:, -1])
     for i in range(n_new):
         out.append(nxt)
         if i == n_new - 1:
             break
         logits = model(nxt, length + i, cache, exit_layer=exit_layer)
-        nxt = logits[:, -1].argmax(-1, keepdim=True)
+        nxt = pick(logits[:, -1])
     return torch.cat(out, dim=1)
 
 
 def make_generations(target: Transformer, tokens: np.ndarray, n_sequences: int, prompt_len: int, n_new: int,
-                     seed: int, batch: int = 64, first: int = 0) -> np.ndarray:
-    """[n_sequences - first, prompt_len + n_new] greedy continuations of random corpus prefixes.
+                     seed: int, batch: int = 64, first: int = 0, temperature: float = 0.0) -> np.ndarray:
+    """[n_sequences - first, prompt_len + n_new] continuations of random corpus prefixes, greedy or
+    sampled at ``temperature`` (each batch by its own generator, seeded by ``seed`` and its start).
 
     Rows ``first..n_sequences``: with ``first`` a multiple of ``batch`` they are the rows a single
     call from 0 would give, so a saved set can be extended.
@@ -86,12 +102,19 @@ def make_generations(target: Transformer, tokens: np.ndarray, n_sequences: int, 
     rows = []
     for start in tqdm(range(first, n_sequences, batch), desc="generations", mininterval=10):
         prompts = batch_at(tokens, 10_000_000 + start, min(batch, n_sequences - start), prompt_len - 1, seed)
-        rows.append(greedy_generate(target, prompts, n_new).numpy().astype(token_dtype(target.config.vocab_size)))
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + start)
+        rows.append(greedy_generate(target, prompts, n_new, temperature=temperature, generator=generator)
+                    .numpy().astype(token_dtype(target.config.vocab_size)))
     return np.concatenate(rows)
 
 
+def generations_file(out_dir: Path, temperature: float = 0.0) -> Path:
+    """Where a run keeps its target generations: greedy ones, or those sampled at ``temperature``."""
+    return out_dir / ("generations.npy" if temperature <= 0 else f"generations_t{temperature:g}.npy")
+
+
 def load_or_make_generations(path: Path, target: Transformer, tokens: np.ndarray, n_sequences: int,
-                             prompt_len: int, n_new: int, seed: int) -> np.ndarray:
+                             prompt_len: int, n_new: int, seed: int, temperature: float = 0.0) -> np.ndarray:
     """The generations in ``path``, extended (and saved) up to ``n_sequences`` rows if it holds fewer."""
     have = np.load(path) if path.exists() else np.zeros((0, prompt_len + n_new), dtype=tokens.dtype)
     if have.shape[1] != prompt_len + n_new:
@@ -100,38 +123,61 @@ def load_or_make_generations(path: Path, target: Transformer, tokens: np.ndarray
     if have.shape[0] >= n_sequences:
         return have
     log.info("generating %d target continuations (%d already in %s)", n_sequences - have.shape[0], have.shape[0], path)
-    new = make_generations(target, tokens, n_sequences, prompt_len, n_new, seed, first=have.shape[0])
+    new = make_generations(target, tokens, n_sequences, prompt_len, n_new, seed, first=have.shape[0],
+                           temperature=temperature)
     generations = np.concatenate([have, new])
     np.save(path, generations)
     return generations
 
 
-def distill_loss(draft: Transformer, target: Transformer, batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+def acceptance_at(p_logits: torch.Tensor, q_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Per position, Σ min(p, q) of the two distributions at ``temperature`` (1 − their total variation
+    distance): the chance that the rejection rule accepts a token drawn from q. [..., vocab] -> [...]."""
+    p = torch.softmax(p_logits.float() / temperature, dim=-1)
+    q = torch.softmax(q_logits.float() / temperature, dim=-1)
+    return torch.minimum(p, q).sum(-1)
+
+
+def distill_loss(draft: Transformer, target: Transformer, batch: torch.Tensor, *, tv_weight: float = 0.0,
+                 tv_temperature: float = ACCEPTANCE_TEMPERATURE) -> tuple[torch.Tensor, dict[str, float]]:
     inputs = batch[:, :-1]
     with torch.no_grad():
-        p_log = F.log_softmax(target(inputs).float(), dim=-1)  # [batch, T, vocab]
-    q_log = F.log_softmax(draft(inputs), dim=-1)
+        p_logits = target(inputs).float()  # [batch, T, vocab]
+        p_log = F.log_softmax(p_logits, dim=-1)
+    q_logits = draft(inputs)
+    q_log = F.log_softmax(q_logits, dim=-1)
     kl = F.kl_div(q_log.flatten(0, 1), p_log.flatten(0, 1), log_target=True, reduction="batchmean")
+    loss = kl
+    metrics = {"kl": float(kl.detach())}
+    if tv_weight > 0:
+        rejected = 1.0 - acceptance_at(p_logits, q_logits, tv_temperature).mean()
+        loss = kl + tv_weight * rejected
+        metrics["tv"] = float(rejected.detach())
     with torch.no_grad():
         agree = (q_log.argmax(-1) == p_log.argmax(-1)).float().mean()
         ce = F.nll_loss(q_log.flatten(0, 1), batch[:, 1:].flatten())
-    return kl, {"loss": float(kl.detach()), "agree": float(agree), "ce": float(ce)}
+    return loss, {"loss": float(loss.detach()), **metrics, "agree": float(agree), "ce": float(ce)}
 
 
 @torch.no_grad()
 def evaluate_draft(draft: Transformer, target: Transformer, batches: list[torch.Tensor]) -> dict[str, float]:
+    """Cross-entropy on the text, KL to the target, top-1 agreement with it, and ``accept_t0.8``: the
+    mean chance that a token the draft samples at T = 0.8 is accepted (teacher-forced, held-out text)."""
     draft.eval()
-    kl_sum = ce_sum = agree_sum = 0.0
+    kl_sum = ce_sum = agree_sum = accept_sum = 0.0
     count = 0
     for batch in batches:
         inputs, labels = batch[:, :-1], batch[:, 1:]
-        p_log = F.log_softmax(target(inputs), dim=-1)
-        q_log = F.log_softmax(draft(inputs), dim=-1)
+        p_logits, q_logits = target(inputs), draft(inputs)
+        p_log = F.log_softmax(p_logits, dim=-1)
+        q_log = F.log_softmax(q_logits, dim=-1)
         kl_sum += float(F.kl_div(q_log.flatten(0, 1), p_log.flatten(0, 1), log_target=True, reduction="sum"))
         ce_sum += float(F.nll_loss(q_log.flatten(0, 1), labels.flatten(), reduction="sum"))
         agree_sum += float((q_log.argmax(-1) == p_log.argmax(-1)).sum())
+        accept_sum += float(acceptance_at(p_logits, q_logits, ACCEPTANCE_TEMPERATURE).sum())
         count += labels.numel()
-    return {"loss": ce_sum / count, "kl": kl_sum / count, "agree": agree_sum / count}
+    return {"loss": ce_sum / count, "kl": kl_sum / count, "agree": agree_sum / count,
+            f"accept_t{ACCEPTANCE_TEMPERATURE:g}": accept_sum / count}
 
 
 class MixedBatches:
@@ -163,7 +209,9 @@ def train_draft(args: TrainArgs, shape: ModelShape | None, target_dir: str | Pat
                 n_generations: int = 1024, prompt_len: int = 32, export_dir: Path | None = None,
                 regenerate: bool = False, init_from: Path | None = None,
                 copy_fraction: float = 0.0, induction_steps: int = 0,
-                data: list[Path] | None = None, shape_overrides: dict[str, int] | None = None) -> dict[str, object]:
+                data: list[Path] | None = None, shape_overrides: dict[str, int] | None = None,
+                sampled_generations: int = 0, sample_temperature: float = ACCEPTANCE_TEMPERATURE,
+                tv_weight: float = 0.0, tv_temperature: float = ACCEPTANCE_TEMPERATURE) -> dict[str, object]:
     """Distil a draft of ``shape`` (None: ``draft_shape_for`` the target) from the model in
     ``target_dir`` (a directory or hub id), whose tokenizer files the draft is saved with.
 
@@ -184,7 +232,16 @@ def train_draft(args: TrainArgs, shape: ModelShape | None, target_dir: str | Pat
     of a target that copies its context learns to copy too. ``induction_steps`` > 0 first runs that
     many steps of the induction bootstrap (induction.py), so that a small draft has a copying circuit
     to tune; a run resumed from a checkpoint skips it (the checkpoint already holds its result).
+
+    ``sampled_generations`` more continuations are drawn at ``sample_temperature`` and join the
+    greedy ones (the text sampled speculation meets); ``tv_weight`` > 0 adds that weight times the
+    total variation distance at ``tv_temperature`` to the loss (module docstring).
     """
+    for name, value in (("sample_temperature", sample_temperature), ("tv_temperature", tv_temperature)):
+        if value <= 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+    if tv_weight < 0 or sampled_generations < 0:
+        raise ValueError("tv_weight and sampled_generations must be >= 0")
     set_threads(args.threads)
     torch.manual_seed(args.seed)
     loaded = load_model(target_dir)
@@ -208,12 +265,15 @@ def train_draft(args: TrainArgs, shape: ModelShape | None, target_dir: str | Pat
     bootstrap: dict[str, float] = {}
     if induction_steps > 0 and not (args.resume and (args.out_dir / CHECKPOINT).exists()):
         bootstrap = induction_bootstrap(draft, tokens, induction_steps, lr=INDUCTION_LR, seed=args.seed)
-    gen_path = args.out_dir / "generations.npy"
-    if regenerate and gen_path.exists():
-        gen_path.unlink()
+    runs = [(n_generations, 0.0)] + ([(sampled_generations, sample_temperature)] if sampled_generations else [])
+    if regenerate:
+        for _, temperature in runs:
+            generations_file(args.out_dir, temperature).unlink(missing_ok=True)
     if generated_fraction > 0:
-        generations = load_or_make_generations(gen_path, target, tokens, n_generations, prompt_len,
-                                               args.seq_len + 1 - prompt_len + 64, args.seed)
+        generations = np.concatenate([
+            load_or_make_generations(generations_file(args.out_dir, temperature), target, tokens, n, prompt_len,
+                                     args.seq_len + 1 - prompt_len + 64, args.seed, temperature)[:n]
+            for n, temperature in runs if n > 0])
     else:
         generations = np.zeros((0, 0), dtype=tokens.dtype)
     sampler = MixedBatches(tokens, generations, generated_fraction, args.seed, copy_fraction)
@@ -221,7 +281,7 @@ def train_draft(args: TrainArgs, shape: ModelShape | None, target_dir: str | Pat
     val_batches = eval_batches(val, args.eval_batches, args.batch_size, args.seq_len)
     summary = train_loop(
         draft,
-        lambda m, b: distill_loss(m, target, b),
+        lambda m, b: distill_loss(m, target, b, tv_weight=tv_weight, tv_temperature=tv_temperature),
         args,
         name="draft",
         eval_fn=lambda m: evaluate_draft(m, target, val_batches),
@@ -230,6 +290,10 @@ def train_draft(args: TrainArgs, shape: ModelShape | None, target_dir: str | Pat
     summary["target_params"] = n_target
     summary["init_from"] = str(init_from) if init_from is not None else None
     summary["generations"] = int(generations.shape[0])
+    summary["sampled_generations"] = sampled_generations
+    summary["sample_temperature"] = sample_temperature if sampled_generations else None
+    summary["tv_weight"] = tv_weight
+    summary["tv_temperature"] = tv_temperature if tv_weight > 0 else None
     summary["copy_fraction"] = copy_fraction
     summary.update(bootstrap)
     summary["shape"] = asdict(shape)

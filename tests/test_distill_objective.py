@@ -1,0 +1,81 @@
+"""The draft's training objective for sampled speculation: the acceptance it measures, the total
+variation term that raises it, and the target's sampled generations it trains on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from quickdraft.model.transformer import Transformer
+from quickdraft.train.common import init_weights
+from quickdraft.train.distill import acceptance_at, distill_loss, make_generations
+from quickdraft.train.pretrain import model_config
+from quickdraft.train.shapes import ModelShape
+
+VOCAB = 64
+TARGET = ModelShape(n_embd=32, n_layer=2, n_head=2, n_kv_head=2, head_dim=16, intermediate_size=64)
+DRAFT = ModelShape(n_embd=16, n_layer=1, n_head=2, n_kv_head=2, head_dim=8, intermediate_size=32)
+
+
+def tiny(shape: ModelShape, seed: int) -> Transformer:
+    torch.manual_seed(seed)
+    model = Transformer(model_config(shape, VOCAB, eos_id=0, block_size=128))
+    init_weights(model)
+    with torch.no_grad():  # logits spread enough that temperature and the draft's guesses matter
+        model.lm_head.weight.mul_(5.0)
+    return model
+
+
+def test_acceptance_is_one_minus_total_variation_at_the_temperature() -> None:
+    torch.manual_seed(0)
+    p_logits, q_logits = 3 * torch.randn(5, VOCAB), 3 * torch.randn(5, VOCAB)
+    for temperature in (0.5, 0.8, 1.0):
+        p = torch.softmax(p_logits / temperature, -1)
+        q = torch.softmax(q_logits / temperature, -1)
+        expected = 1 - 0.5 * (p - q).abs().sum(-1)
+        assert torch.allclose(acceptance_at(p_logits, q_logits, temperature), expected, atol=1e-6)
+    assert torch.allclose(acceptance_at(p_logits, p_logits, 0.8), torch.ones(5))
+    # It is the rejection rule's acceptance: a token drawn from q is kept with probability min(1, p/q).
+    p, q = torch.softmax(p_logits[0] / 0.8, -1), torch.softmax(q_logits[0] / 0.8, -1)
+    draws = torch.multinomial(q, 200_000, replacement=True, generator=torch.Generator().manual_seed(1))
+    kept = torch.rand(draws.shape, generator=torch.Generator().manual_seed(2)) < (p[draws] / q[draws]).clamp(max=1)
+    assert abs(float(kept.float().mean()) - float(acceptance_at(p_logits[0], q_logits[0], 0.8))) < 0.005
+
+
+def test_the_total_variation_term_is_added_and_training_on_it_raises_acceptance() -> None:
+    target, draft = tiny(TARGET, 1), tiny(DRAFT, 2)
+    batch = torch.randint(1, VOCAB, (4, 33), generator=torch.Generator().manual_seed(3))
+    kl_only, kl_metrics = distill_loss(draft, target, batch)
+    with_tv, metrics = distill_loss(draft, target, batch, tv_weight=2.0, tv_temperature=0.8)
+    assert "tv" not in kl_metrics
+    assert float(with_tv.detach()) == pytest.approx(float(kl_only.detach()) + 2.0 * metrics["tv"], rel=1e-5)
+
+    def acceptance() -> float:
+        with torch.no_grad():
+            return float(acceptance_at(target(batch[:, :-1]), draft(batch[:, :-1]), 0.8).mean())
+
+    before = acceptance()
+    optimizer = torch.optim.Adam(draft.parameters(), lr=1e-2)
+    for _ in range(30):
+        with_tv = distill_loss(draft, target, batch, tv_weight=1000.0, tv_temperature=0.8)[0]  # TV dominates
+        optimizer.zero_grad()
+        with_tv.backward()
+        optimizer.step()
+    assert acceptance() > before + 0.05, (before, acceptance())
+
+
+def test_sampled_generations_are_seeded_extendable_and_not_greedy() -> None:
+    target = tiny(TARGET, 1)
+    tokens = np.random.default_rng(0).integers(1, VOCAB, 4000).astype(np.uint16)
+    args = dict(n_sequences=8, prompt_len=6, n_new=10, seed=5, batch=4)
+    sampled = make_generations(target, tokens, temperature=0.8, **args)
+    greedy = make_generations(target, tokens, **args)
+    assert sampled.shape == greedy.shape == (8, 16)
+    assert np.array_equal(sampled[:, :6], greedy[:, :6])  # the same corpus prefixes
+    assert not np.array_equal(sampled, greedy)
+    assert np.array_equal(make_generations(target, tokens, temperature=0.8, **args), sampled)
+    assert np.array_equal(make_generations(target, tokens, temperature=0.8, first=4, **args), sampled[4:])
+    with torch.no_grad():  # every greedy token is the target's argmax after its prefix
+        logits = target(torch.from_numpy(greedy[:, :-1].astype(np.int64)))
+    assert np.array_equal(logits[:, 5:].argmax(-1).numpy(), greedy[:, 6:].astype(np.int64))
