@@ -79,3 +79,19 @@ def test_sampled_generations_are_seeded_extendable_and_not_greedy() -> None:
     with torch.no_grad():  # every greedy token is the target's argmax after its prefix
         logits = target(torch.from_numpy(greedy[:, :-1].astype(np.int64)))
     assert np.array_equal(logits[:, 5:].argmax(-1).numpy(), greedy[:, 6:].astype(np.int64))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--tv-weight", "-1"], "--tv-weight must be >= 0"),
+    (["--sample-temperature", "0"], "--sample-temperature must be > 0"),
+    (["--tv-temperature", "nan"], "--tv-temperature must be > 0"),
+    (["--sampled-generations", "-5"], "--sampled-generations must be >= 0"),
+])
+def test_train_draft_refuses_bad_objective_flags_before_loading_anything(tmp_path, capsys, flags, message) -> None:
+    from quickdraft.cli import main
+
+    code = main(["train", "draft", "--target", str(tmp_path / "no-such-target"), "--data", str(tmp_path),
+                 "--out", str(tmp_path / "out"), *flags])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

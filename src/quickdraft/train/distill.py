@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from quickdraft.errors import QuickdraftError
 from quickdraft.model.config import ModelConfig
 from quickdraft.model.loader import load_model
 from quickdraft.model.transformer import Transformer
@@ -237,11 +238,13 @@ def train_draft(args: TrainArgs, shape: ModelShape | None, target_dir: str | Pat
     greedy ones (the text sampled speculation meets); ``tv_weight`` > 0 adds that weight times the
     total variation distance at ``tv_temperature`` to the loss (module docstring).
     """
-    for name, value in (("sample_temperature", sample_temperature), ("tv_temperature", tv_temperature)):
-        if value <= 0:
-            raise ValueError(f"{name} must be > 0, got {value}")
-    if tv_weight < 0 or sampled_generations < 0:
-        raise ValueError("tv_weight and sampled_generations must be >= 0")
+    for flag, value in (("--sample-temperature", sample_temperature), ("--tv-temperature", tv_temperature)):
+        if not value > 0:
+            raise QuickdraftError(f"{flag} must be > 0 (a sampling temperature), got {value}")
+    for flag, value in (("--tv-weight", tv_weight), ("--generations", n_generations),
+                        ("--sampled-generations", sampled_generations)):
+        if not value >= 0:
+            raise QuickdraftError(f"{flag} must be >= 0, got {value}")
     set_threads(args.threads)
     torch.manual_seed(args.seed)
     loaded = load_model(target_dir)
@@ -269,13 +272,10 @@ def train_draft(args: TrainArgs, shape: ModelShape | None, target_dir: str | Pat
     if regenerate:
         for _, temperature in runs:
             generations_file(args.out_dir, temperature).unlink(missing_ok=True)
-    if generated_fraction > 0:
-        generations = np.concatenate([
-            load_or_make_generations(generations_file(args.out_dir, temperature), target, tokens, n, prompt_len,
+    sets = [load_or_make_generations(generations_file(args.out_dir, temperature), target, tokens, n, prompt_len,
                                      args.seq_len + 1 - prompt_len + 64, args.seed, temperature)[:n]
-            for n, temperature in runs if n > 0])
-    else:
-        generations = np.zeros((0, 0), dtype=tokens.dtype)
+            for n, temperature in runs if n > 0] if generated_fraction > 0 else []
+    generations = np.concatenate(sets) if sets else np.zeros((0, 0), dtype=tokens.dtype)
     sampler = MixedBatches(tokens, generations, generated_fraction, args.seed, copy_fraction)
     val = load_stream(args.data_dir, "val")
     val_batches = eval_batches(val, args.eval_batches, args.batch_size, args.seq_len)
