@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.model.config import ModelConfig
 from quickdraft.model.loader import load_model
 from quickdraft.model.transformer import Transformer
+from quickdraft.sampling import SamplingParams, tempered_probabilities
 from quickdraft.train.common import (
     CHECKPOINT,
     TrainArgs,
@@ -66,9 +68,9 @@ def draft_shape_for(target: ModelConfig) -> ModelShape:
 
 
 @torch.no_grad()
-def greedy_generate(model: Transformer, prompts: torch.Tensor, n_new: int, *,
-                    exit_layer: int | None = None, temperature: float = 0.0,
-                    generator: torch.Generator | None = None) -> torch.Tensor:
+def generate_continuations(model: Transformer, prompts: torch.Tensor, n_new: int, *,
+                           exit_layer: int | None = None, temperature: float = 0.0,
+                           generator: torch.Generator | None = None) -> torch.Tensor:
     """Batched continuation: prompts [batch, P] (same length) -> [batch, P + n_new]; greedy, or
     drawn from softmax(logits / ``temperature``) by ``generator`` when ``temperature`` > 0."""
     model.eval()
@@ -104,7 +106,7 @@ def make_generations(target: Transformer, tokens: np.ndarray, n_sequences: int, 
     for start in tqdm(range(first, n_sequences, batch), desc="generations", mininterval=10):
         prompts = batch_at(tokens, 10_000_000 + start, min(batch, n_sequences - start), prompt_len - 1, seed)
         generator = torch.Generator().manual_seed(seed * 1_000_003 + start)
-        rows.append(greedy_generate(target, prompts, n_new, temperature=temperature, generator=generator)
+        rows.append(generate_continuations(target, prompts, n_new, temperature=temperature, generator=generator)
                     .numpy().astype(token_dtype(target.config.vocab_size)))
     return np.concatenate(rows)
 
@@ -134,8 +136,8 @@ def load_or_make_generations(path: Path, target: Transformer, tokens: np.ndarray
 def acceptance_at(p_logits: torch.Tensor, q_logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """Per position, Σ min(p, q) of the two distributions at ``temperature`` (1 − their total variation
     distance): the chance that the rejection rule accepts a token drawn from q. [..., vocab] -> [...]."""
-    p = torch.softmax(p_logits.float() / temperature, dim=-1)
-    q = torch.softmax(q_logits.float() / temperature, dim=-1)
+    tempered = SamplingParams(temperature=temperature)  # the decoder's arithmetic for p and q
+    p, q = tempered_probabilities(p_logits, tempered), tempered_probabilities(q_logits, tempered)
     return torch.minimum(p, q).sum(-1)
 
 
@@ -239,8 +241,8 @@ def train_draft(args: TrainArgs, shape: ModelShape | None, target_dir: str | Pat
     total variation distance at ``tv_temperature`` to the loss (module docstring).
     """
     for flag, value in (("--sample-temperature", sample_temperature), ("--tv-temperature", tv_temperature)):
-        if not value > 0:
-            raise QuickdraftError(f"{flag} must be > 0 (a sampling temperature), got {value}")
+        if not (value > 0 and math.isfinite(value)):
+            raise QuickdraftError(f"{flag} must be > 0 and finite (a sampling temperature), got {value}")
     for flag, value in (("--tv-weight", tv_weight), ("--generations", n_generations),
                         ("--sampled-generations", sampled_generations)):
         if not value >= 0:

@@ -34,7 +34,7 @@ from quickdraft.model.transformer import Transformer
 from quickdraft.train.common import set_threads
 from quickdraft.train.copy_augment import repeat_eval_windows, repeat_top1
 from quickdraft.train.corpus import iter_documents
-from quickdraft.train.distill import greedy_generate
+from quickdraft.train.distill import generate_continuations
 from quickdraft.train.pretrain import EARLY_EXIT_KEY
 
 log = logging.getLogger(__name__)
@@ -100,9 +100,9 @@ def validation_loss(model: Transformer, tokens: np.ndarray, seq_len: int = 256, 
 @torch.no_grad()
 def ms_per_token(model: Transformer, n: int = 64, exit_layer: int | None = None) -> float:
     prompt = torch.zeros(1, 16, dtype=torch.long)
-    greedy_generate(model, prompt, 8, exit_layer=exit_layer)  # warm-up
+    generate_continuations(model, prompt, 8, exit_layer=exit_layer)  # warm-up
     start = time.perf_counter()
-    greedy_generate(model, prompt, n, exit_layer=exit_layer)
+    generate_continuations(model, prompt, n, exit_layer=exit_layer)
     return (time.perf_counter() - start) * 1000 / n
 
 
@@ -152,7 +152,7 @@ def evaluate_pair(target_dir: Path, draft_dir: Path, corpus_dir: Path, *, n_prom
     distinct = []
     for i, p in enumerate(prompts):
         ids = torch.tensor([tokenizer.encode(p["prompt"], add_special_tokens=False)])
-        full = greedy_generate(target, ids, n_new)  # [1, P + n_new]
+        full = generate_continuations(target, ids, n_new)  # [1, P + n_new]
         continuation = full[0, ids.shape[1]:]
         distinct.append(distinct_2(continuation.tolist()))
         context = full[:, :-1]
@@ -165,7 +165,7 @@ def evaluate_pair(target_dir: Path, draft_dir: Path, corpus_dir: Path, *, n_prom
         if i < n_samples:
             samples.append({"source": p["source"], "prompt": p["prompt"],
                             "target_greedy": tokenizer.decode(continuation.tolist(), skip_special_tokens=False),
-                            "draft_greedy": tokenizer.decode(greedy_generate(draft, ids, n_new)[0, ids.shape[1]:]
+                            "draft_greedy": tokenizer.decode(generate_continuations(draft, ids, n_new)[0, ids.shape[1]:]
                                                              .tolist(), skip_special_tokens=False)})
 
     repeat_windows = repeat_eval_windows(val, 16, 128)
