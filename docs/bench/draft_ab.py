@@ -14,14 +14,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
-import torch
-
-from quickdraft.assets import default_target_path
-from quickdraft.bench.harness import encode_prompt, load_prompts
-from quickdraft.engine import Engine
-from quickdraft.model.loader import load_model
+from arm_rounds import embedded_engine, prompt_ids, rotated_rounds
 from quickdraft.sampling import SamplingParams
 
 NEW_TOKENS = 128
@@ -38,14 +32,12 @@ def main() -> None:
     args = parser.parse_args()
     gamma = args.gamma if args.gamma == "auto" else int(args.gamma)
     sampling = SAMPLINGS[args.sampling]
-    torch.set_num_threads(1)
-    target = load_model(default_target_path(), dtype="bf16")
-    engines = {path: Engine(target, load_model(path, dtype="fp32"), exact=False, dtype="bf16", compile_drafter=True,
-                            compile_target=True) for path in args.draft}
-    plain = next(iter(engines.values()))
-    for engine in engines.values():
-        engine.eos_token_ids = frozenset()  # every run generates NEW_TOKENS
-    prompts = [encode_prompt(target, p["prompt"]) for p in load_prompts(None, None)]
+    target = None
+    engines = {}
+    for path in args.draft:
+        target, engines[path] = embedded_engine(path, compile_target=True, target=target)
+    plain = engines[args.draft[0]]
+    prompts = prompt_ids(target)
     arms = ["plain", *args.draft]
 
     def run(prompt: list[int], arm: str) -> tuple[int, int, int]:
@@ -56,33 +48,13 @@ def main() -> None:
             result = engines[arm].generate(prompt, NEW_TOKENS, sampling, gamma)
         return len(result.token_ids), result.stats.accepted, result.stats.drafted
 
-    for arm in arms:  # warm-up: compiled steps, caches, the γ controllers' first estimates
-        run(prompts[0], arm)
-    speedups: dict[str, list[float]] = {arm: [] for arm in args.draft}
-    accepted, drafted = dict.fromkeys(args.draft, 0), dict.fromkeys(args.draft, 0)
-    for r in range(args.rounds):
-        seconds, tokens = dict.fromkeys(arms, 0.0), dict.fromkeys(arms, 0)
-        for i, prompt in enumerate(prompts):
-            shift = (r + i) % len(arms)
-            for arm in arms[shift:] + arms[:shift]:
-                start = time.perf_counter()
-                n, a, d = run(prompt, arm)
-                seconds[arm] += time.perf_counter() - start
-                tokens[arm] += n
-                if arm != "plain":
-                    accepted[arm] += a
-                    drafted[arm] += d
-        rates = {arm: tokens[arm] / seconds[arm] for arm in arms}
-        for arm in args.draft:
-            speedups[arm].append(rates[arm] / rates["plain"])
-        print(f"round {r + 1}: plain {rates['plain']:.0f} tokens/s, "
-              + ", ".join(f"{arm} {rates[arm] / rates['plain']:.2f}x" for arm in args.draft), flush=True)
+    rounds = rotated_rounds(prompts, arms, run, args.rounds)
     print(f"{args.sampling}, γ {args.gamma}, {args.rounds} rounds (median speedup, range; acceptance):")
     for arm in args.draft:
-        s = speedups[arm]
-        print(f"  {arm}: {statistics.median(s):.2f}x ({min(s):.2f}-{max(s):.2f}); "
-              f"acceptance {accepted[arm] / max(1, drafted[arm]):.3f}")
-
+        speedups = [t[arm].rate / t["plain"].rate for t in rounds]
+        accepted, drafted = sum(t[arm].accepted for t in rounds), sum(t[arm].drafted for t in rounds)
+        print(f"  {arm}: {statistics.median(speedups):.2f}x ({min(speedups):.2f}-{max(speedups):.2f}); "
+              f"acceptance {accepted / max(1, drafted):.3f}")
 
 if __name__ == "__main__":
     main()

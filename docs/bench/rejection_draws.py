@@ -12,16 +12,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
-import torch
-
-from quickdraft.assets import default_target_path, embedded_draft_for
+from arm_rounds import embedded_engine, prompt_ids, rotated_rounds
 from quickdraft.batch import drafters as batch_drafters
-from quickdraft.bench.harness import encode_prompt, load_prompts
 from quickdraft.drafters import draft_model
-from quickdraft.engine import Engine
-from quickdraft.model.loader import load_model
 from quickdraft.sampling import SamplingParams
 
 SAMPLING = SamplingParams(temperature=0.8, rule="rejection")
@@ -46,13 +40,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=None, help="the first N prompts (default: all 14)")
     args = parser.parse_args()
     gamma = args.gamma if args.gamma == "auto" else int(args.gamma)
-    torch.set_num_threads(1)
-    target_path = default_target_path()
-    target = load_model(target_path, dtype="bf16")
-    engine = Engine(target, load_model(embedded_draft_for(target_path), dtype="fp32"), exact=False, dtype="bf16",
-                    compile_drafter=True, compile_target=args.batch == 1)
-    engine.eos_token_ids = frozenset()  # every run generates NEW_TOKENS
-    prompts = [encode_prompt(target, p["prompt"]) for p in load_prompts(None, args.prompts)]
+    target, engine = embedded_engine(compile_target=args.batch == 1)
+    prompts = prompt_ids(target, args.prompts)
     groups = [prompts[i:i + args.batch] for i in range(0, len(prompts), args.batch)]
 
     def run(group: list[list[int]], arm: str) -> tuple[int, int, int]:
@@ -67,33 +56,12 @@ def main() -> None:
                 sum(r.stats.drafted for r in results))
 
     arms = ["plain", "native draws", "step by step"]
-    for arm in arms:  # warm-up: compiled steps, caches, the controller's first estimates
-        run(groups[0], arm)
-    speedups: dict[str, list[float]] = {arm: [] for arm in arms[1:]}
-    acceptance: dict[str, list[float]] = {arm: [] for arm in arms[1:]}
-    for r in range(args.rounds):
-        seconds = dict.fromkeys(arms, 0.0)
-        tokens = dict.fromkeys(arms, 0)
-        accepted, drafted = dict.fromkeys(arms, 0), dict.fromkeys(arms, 0)
-        for i, group in enumerate(groups):
-            shift = (r + i) % len(arms)
-            for arm in arms[shift:] + arms[:shift]:
-                start = time.perf_counter()
-                n, a, d = run(group, arm)
-                seconds[arm] += time.perf_counter() - start
-                tokens[arm] += n
-                accepted[arm] += a
-                drafted[arm] += d
-        rate = {arm: tokens[arm] / seconds[arm] for arm in arms}
-        for arm in arms[1:]:
-            speedups[arm].append(rate[arm] / rate["plain"])
-            acceptance[arm].append(accepted[arm] / max(drafted[arm], 1))
-        print(f"round {r + 1}: " + ", ".join(f"{arm} {rate[arm]:.0f} tokens/s" for arm in arms), flush=True)
+    rounds = rotated_rounds(groups, arms, run, args.rounds)
     print(f"batch {args.batch}, γ {gamma}, T {SAMPLING.temperature}, {len(prompts)} prompts, {args.rounds} rounds:")
     for arm in arms[1:]:
-        print(f"  {arm}: {statistics.median(speedups[arm]):.3f}x plain (rounds {min(speedups[arm]):.3f}-"
-              f"{max(speedups[arm]):.3f}), acceptance {statistics.mean(acceptance[arm]):.3f}")
-
+        speedups = [t[arm].rate / t["plain"].rate for t in rounds]
+        print(f"  {arm}: {statistics.median(speedups):.3f}x plain (rounds {min(speedups):.3f}-"
+              f"{max(speedups):.3f}), acceptance {statistics.mean(t[arm].acceptance for t in rounds):.3f}")
 
 if __name__ == "__main__":
     main()
