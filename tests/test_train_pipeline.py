@@ -176,3 +176,15 @@ def test_resume_continues_exactly(corpus: Path, tmp_path: Path) -> None:
     assert json.loads((tmp_path / "resumed" / "summary.json").read_text())["steps"] == 6
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_training_device_is_refused_by_name_when_torch_cannot_use_it() -> None:
+    from quickdraft.errors import QuickdraftError
+    from quickdraft.train.common import training_device
+
+    assert training_device("cpu").type == "cpu"
+    with pytest.raises(QuickdraftError, match="not a device torch knows"):
+        training_device("gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(QuickdraftError, match="sees no CUDA device"):
+            training_device("cuda")

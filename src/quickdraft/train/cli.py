@@ -54,6 +54,7 @@ def _add_loop_flags(p: argparse.ArgumentParser, *, batch_size: int, lr: float, m
     p.add_argument("--eval-batches", type=int, default=8)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (cuda:1 ...) to train on a GPU (TF32 products)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt exactly")
 
 
@@ -64,7 +65,7 @@ def _train_args(ns: argparse.Namespace):  # noqa: ANN202 - TrainArgs, imported l
         out_dir=ns.out, data_dir=ns.data[0] if isinstance(ns.data, list) else ns.data, batch_size=ns.batch_size, seq_len=ns.seq_len, lr=ns.lr,
         warmup_steps=ns.warmup_steps, max_steps=ns.max_steps, max_minutes=ns.max_minutes,
         checkpoint_minutes=ns.checkpoint_minutes, eval_batches=ns.eval_batches, seed=ns.seed, threads=ns.threads,
-        resume=ns.resume,
+        resume=ns.resume, device=ns.device,
     )
 
 
@@ -197,10 +198,12 @@ def _cmd_all(ns: argparse.Namespace) -> int:
     build_corpus(corpus)
     build_tokenizer(corpus, tokenizer)
     train_target(TrainArgs(out_dir=runs / "target", data_dir=corpus, lr=2e-3, max_steps=1600,
-                           max_minutes=ns.target_minutes, threads=ns.threads, resume=ns.resume),
+                           max_minutes=ns.target_minutes, threads=ns.threads, resume=ns.resume,
+                           device=ns.device),
                  EMBEDDED_TARGET_SHAPE, tokenizer, exit_layer=2, exit_weight=0.3, copy_fraction=0.5)
     train_draft(TrainArgs(out_dir=runs / "draft", data_dir=corpus, lr=3e-3, max_steps=100_000,
-                          max_minutes=ns.draft_minutes, checkpoint_minutes=3, threads=ns.threads, resume=ns.resume),
+                          max_minutes=ns.draft_minutes, checkpoint_minutes=3, threads=ns.threads, resume=ns.resume,
+                          device=ns.device),
                 EMBEDDED_DRAFT_SHAPE, runs / "target" / "final", n_generations=512, copy_fraction=0.5,
                 induction_steps=800)
     report = evaluate_pair(runs / "target" / "final", runs / "draft" / "final", corpus, threads=ns.threads,
@@ -323,6 +326,7 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--target-minutes", type=float, default=95)
     p.add_argument("--draft-minutes", type=float, default=20)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--device", default="cpu", help="cpu, or cuda to train on a GPU")
     p.add_argument("--resume", action="store_true")
     p.set_defaults(func=_cmd_all)
 

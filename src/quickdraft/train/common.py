@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from quickdraft.errors import QuickdraftError
 from quickdraft.model.config import ModelConfig
 from quickdraft.model.loader import load_model
 from quickdraft.model.transformer import Transformer
@@ -54,6 +55,7 @@ class TrainArgs:
     seed: int = 1234
     threads: int | None = None
     resume: bool = False
+    device: str = "cpu"
 
     def to_json(self) -> dict[str, object]:
         return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
@@ -61,6 +63,23 @@ class TrainArgs:
 
 def set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads or min(os.cpu_count() or 1, 16))
+
+
+def training_device(name: str) -> torch.device:
+    """The device ``--device`` names, refused by name when torch cannot use it (before anything loads)."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise QuickdraftError(f"--device {name!r} is not a device torch knows (cpu, cuda, cuda:1 ...)") from exc
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise QuickdraftError(f"--device {name}: this torch sees no CUDA device ({torch.__version__})")
+        # TF32 products: the small models here train the same in fp32 and TF32, several times faster
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    elif device.type != "cpu":
+        raise QuickdraftError(f"--device {name}: training runs on cpu or cuda")
+    return device
 
 
 def config_from_dict(raw: dict[str, object]) -> ModelConfig:
@@ -153,6 +172,8 @@ def train_loop(model: Transformer, loss_fn: LossFn, args: TrainArgs, *, name: st
     ``sampler(step, batch_size, seq_len)`` gives the batch for a step (default: corpus windows).
     """
     set_threads(args.threads)
+    device = training_device(args.device)
+    model.to(device)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     tokens = load_stream(args.data_dir, "train", memmap=True)
     optimizer = make_optimizer(model, args.lr, args.weight_decay)
@@ -186,7 +207,7 @@ def train_loop(model: Transformer, loss_fn: LossFn, args: TrainArgs, *, name: st
             batch = sampler(step, args.batch_size, args.seq_len)
         else:
             batch = batch_at(tokens, step, args.batch_size, args.seq_len, args.seed)
-        loss, metrics = loss_fn(model, batch)
+        loss, metrics = loss_fn(model, batch.to(device, non_blocking=True))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
@@ -214,7 +235,7 @@ def train_loop(model: Transformer, loss_fn: LossFn, args: TrainArgs, *, name: st
     history.append({"step": step, "elapsed": round(elapsed, 1), "tokens": tokens_seen,
                     **{f"val_{k}": round(v, 5) for k, v in final_eval.items()}})
     save_checkpoint(ckpt_path, model, optimizer, step, elapsed, tokens_seen, history, args)
-    model.eval()
+    model.eval().cpu()  # what follows (export, the saved module) works on CPU tensors
     summary = {"steps": step, "tokens": tokens_seen, "wall_minutes": round(elapsed / 60, 2),
                "params": sum(p.numel() for p in model.parameters()), **{f"val_{k}": v for k, v in final_eval.items()}}
     (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

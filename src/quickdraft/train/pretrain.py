@@ -65,6 +65,7 @@ def evaluate_loss(model: Transformer, batches: list[torch.Tensor], exit_layer: i
     sums = {"loss": 0.0, "exit_loss": 0.0}
     count = 0
     for batch in batches:
+        batch = batch.to(model.device)
         inputs, labels = batch[:, :-1], batch[:, 1:]
         collect: list[torch.Tensor] = []
         hidden = model.hidden_states(inputs, collect=collect)

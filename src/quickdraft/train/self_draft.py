@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from quickdraft.model.loader import DTYPES, LoadedModel, load_model
 from quickdraft.model.self_draft import SelfDraftModule, SelfDraftShape, default_head_tokens, save_self_draft
 from quickdraft.model.transformer import Transformer
-from quickdraft.train.common import TrainArgs, eval_batches, set_threads, train_loop
+from quickdraft.train.common import TrainArgs, eval_batches, set_threads, train_loop, training_device
 from quickdraft.train.distill import MixedBatches, load_or_make_generations
 from quickdraft.train.text_data import load_stream, prepare_token_data
 
@@ -81,7 +81,7 @@ def evaluate_self_draft(module: SelfDraftModule, target: Transformer, batches: l
     module.eval()
     totals = {"loss": 0.0, "agree": 0.0, "coverage": 0.0}
     for batch in batches:
-        _, metrics = self_draft_loss(module, target, batch)
+        _, metrics = self_draft_loss(module, target, batch.to(target.device))
         for name in totals:
             totals[name] += metrics[name] / len(batches)
     return totals
@@ -101,6 +101,7 @@ def train_self_draft(args: TrainArgs, target_ref: str | Path, data: list[Path], 
     and save it to ``save_to`` (default: ``args.out_dir``). ``args.data_dir`` is ignored: the token
     streams go to ``args.out_dir / "data"``."""
     set_threads(args.threads)
+    device = training_device(args.device)
     torch.manual_seed(args.seed)
     target = load_model(target_ref)  # fp32: training runs in fp32 whatever the checkpoint's dtype
     config = target.config
@@ -118,6 +119,8 @@ def train_self_draft(args: TrainArgs, target_ref: str | Path, data: list[Path], 
     module = SelfDraftModule.initialised_from(target.model, shape, head_ids)
     module.requires_grad_(True)
     target.model.requires_grad_(False)
+    target.model.to(device)
+    module.to(device)
     coverage = float(np.isin(np.asarray(tokens[: 2_000_000]), head_ids.numpy()).mean())
     n_module = sum(p.numel() for p in module.parameters())
     log.info("self-draft: exit layer %d of %d, %d adapter layer(s), head of %d tokens (%.1f%% of the text's "
