@@ -26,10 +26,10 @@ echo "check rc=$?" >>"$OUT/env.txt"
 
 {
   train "${TARGET_S:-200}" target --data data/corpus --tokenizer src/quickdraft/assets/target --out "$RUNS/target" \
-    --device "$DEVICE" --batch-size ${BATCH:-64} --lr 2e-3 --warmup-steps 100 --max-steps 2400 \
-    --max-minutes "${TARGET_MIN:-2.75}" --checkpoint-minutes 0.5 --copy-fraction 0.5 --exit-layer 2 &&
+    --device "$DEVICE" --batch-size ${BATCH:-64} --lr 2e-3 --warmup-steps 100 --max-steps ${TARGET_STEPS:-1000} \
+    --max-minutes "${TARGET_MIN:-2.75}" --checkpoint-minutes 0.1 --copy-fraction 0.5 --exit-layer 2 &&
   train "${DRAFT_S:-130}" draft --data data/corpus --target "$RUNS/target/final" --out "$RUNS/draft" \
-    --device "$DEVICE" --batch-size ${BATCH:-64} --lr 3e-3 --max-steps 100000 --max-minutes "${DRAFT_MIN:-1.25}" \
+    --device "$DEVICE" --batch-size ${BATCH:-64} --lr ${DRAFT_LR:-3e-3} --warmup-steps 20 --max-steps 100000 ${DRAFT_INIT:+--init-from $DRAFT_INIT} --max-minutes "${DRAFT_MIN:-1.25}" \
     --checkpoint-minutes 0.5 --copy-fraction 0.5 --induction-steps "${INDUCTION:-800}" \
     --generations "${GENERATIONS:-1024}" --sampled-generations "${GENERATIONS:-1024}" --generated-fraction 0.5 \
     --tv-weight 1 &&

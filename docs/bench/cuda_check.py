@@ -84,6 +84,23 @@ def batched(target: LoadedModel, prompts: list[list[int]], n: int, dtype: str, d
             "requests": len(many), "seeded_same_with_neighbours": lone == crowd}
 
 
+def sampling(target: LoadedModel, prompts: list[list[int]], n: int, dtype: str, device: str) -> dict:
+    """Seeded sampling: the coupled rule gives plain seeded sampling's tokens; the rejection rule runs."""
+    engine = engine_for(target, "draft", dtype, device)
+    out: dict[str, object] = {}
+    for name, params in (("t0.8", SamplingParams(temperature=0.8, seed=11)),
+                         ("t1_topk20_topp0.9", SamplingParams(temperature=1.0, top_k=20, top_p=0.9, seed=12))):
+        plain = [engine.generate(p, n, gamma=0, sampling=params).token_ids for p in prompts]
+        coupled = [engine.generate(p, n, gamma=4, sampling=params) for p in prompts]
+        rejection = [engine.generate(p, n, gamma=4, sampling=SamplingParams(temperature=params.temperature,
+                     top_k=params.top_k, top_p=params.top_p, seed=params.seed, rule="rejection")) for p in prompts]
+        out[name] = {"coupled_identical_to_plain": sum(c.token_ids == t for c, t in zip(coupled, plain)),
+                     "coupled_acceptance": round(statistics.mean(c.stats.acceptance_rate for c in coupled), 3),
+                     "rejection_acceptance": round(statistics.mean(r.stats.acceptance_rate for r in rejection), 3),
+                     "prompts": len(prompts)}
+    return out
+
+
 def speed(target: LoadedModel, prompts: list[list[int]], n: int, dtype: str, device: str, repeats: int) -> dict:
     arms: dict[str, tuple[Engine, dict[str, object]]] = {
         "plain": (engine_for(target, "draft", dtype, device), {"gamma": 0}),
@@ -122,16 +139,20 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("cuda_check.json"))
+    parser.add_argument("--sections", default="greedy,trees,batched,sampling,speed")
     ns = parser.parse_args()
     report: dict[str, object] = {"torch": torch.__version__, "device": ns.device,
                                  "device_name": torch.cuda.get_device_name() if ns.device.startswith("cuda") else "cpu"}
     for dtype in ("fp32", "bf16"):
         target = load_model(default_target_path(), dtype=dtype, device=ns.device)
         prompts = [encode_prompt(target, p["prompt"]) for p in load_prompts(None, ns.prompts)]
-        section(report, f"greedy_{dtype}", lambda: greedy_exactness(target, prompts, ns.tokens, dtype, ns.device))
-        section(report, f"trees_{dtype}", lambda: trees(target, prompts, ns.tokens, dtype, ns.device))
-        section(report, f"batched_{dtype}", lambda: batched(target, prompts, ns.tokens, dtype, ns.device))
-        section(report, f"speed_{dtype}", lambda: speed(target, prompts, ns.tokens, dtype, ns.device, ns.repeats))
+        bodies = {"greedy": lambda: greedy_exactness(target, prompts, ns.tokens, dtype, ns.device),
+                  "trees": lambda: trees(target, prompts, ns.tokens, dtype, ns.device),
+                  "batched": lambda: batched(target, prompts, ns.tokens, dtype, ns.device),
+                  "sampling": lambda: sampling(target, prompts, ns.tokens, dtype, ns.device),
+                  "speed": lambda: speed(target, prompts, ns.tokens, dtype, ns.device, ns.repeats)}
+        for name in ns.sections.split(","):
+            section(report, f"{name}_{dtype}", bodies[name])
         ns.out.write_text(json.dumps(report, indent=2) + "\n")
     return 0 if not any("error" in v for v in report.values() if isinstance(v, dict)) else 1
 

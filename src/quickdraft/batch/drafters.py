@@ -73,7 +73,8 @@ def _race(requests: list[DraftRequest], logits: list[torch.Tensor], offset: int)
     gumbel = gumbel_rows([r.sampler for r in requests], [len(r.tokens) + offset for r in requests],  # type: ignore[misc]
                          logits[0].shape[-1])
     inverse_temperatures = torch.tensor([[1.0 / r.sampling.temperature] for r in requests])
-    return (torch.stack(logits).float() * inverse_temperatures + gumbel).argmax(-1).tolist()
+    stacked = torch.stack(logits).float()
+    return (stacked * inverse_temperatures.to(stacked.device) + gumbel.to(stacked.device)).argmax(-1).tolist()
 
 
 class _ModelDrafter(BatchDrafter):

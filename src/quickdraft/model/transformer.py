@@ -377,7 +377,7 @@ class Transformer(nn.Module):
         per-op path (torch's bf16 products, slow on CPUs without bf16 arithmetic) is never taken."""
         t = tokens.shape[1]
         if self.native is None:
-            self.hidden_states(tokens, positions, cache)
+            self.hidden_states(tokens.to(self.device), positions, cache)
             return
         start = self._chain_start(positions, t, cache)
         for first in range(start, start + t, KERNEL_ATTENTION_ROWS):
@@ -592,6 +592,8 @@ class Transformer(nn.Module):
 
     def _batched(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, exit_layer: int | None,
                  window: int | None, head: bool) -> torch.Tensor | None:
+        # the scheduler builds its inputs from Python lists on the CPU; a GPU model takes them over here
+        tokens, positions = tokens.to(self.device), positions.to(self.device)
         window = cache.capacity if window is None else window
         n_layers = self.config.n_layer if exit_layer is None else exit_layer
         native = self.native is not None and tokens.numel() <= NATIVE_MAX_ROWS
