@@ -96,11 +96,12 @@ class LogitAdjuster:
 
     def _adjust(self, logits: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         out = logits.float()
+        counts = counts.to(out.device)  # kept on the CPU, where they are updated token by token
         if self.frequency:
             out = out - self.frequency * counts
         if self.presence:
             out = out - self.presence * (counts > 0).float()
         if self.bias is not None:
-            out = out + self.bias
+            out = out + self.bias.to(out.device)
         return out
 

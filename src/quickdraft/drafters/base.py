@@ -125,7 +125,7 @@ def draft_autoregressively(
             # 137 against ~40 us a position on a 12-token model; a token outside the target's
             # nucleus is only ever rejected).
             gumbel = sampler.gumbel(first_position + i, 1, logits.shape[-1])[0]  # type: ignore[attr-defined]
-            token = int((logits.float() / sampling.temperature + gumbel).argmax())
+            token = int((logits.float() / sampling.temperature + gumbel.to(logits.device)).argmax())
         else:
             q = probabilities(logits, sampling)
             token = sampler.draw(q, first_position + i)
