@@ -97,7 +97,7 @@ def _kept_by_exponent_cut(flat: torch.Tensor, top_p: float) -> torch.Tensor:
     """Rows [rows, vocab] with the tokens past their nucleus zeroed, each sorting only its
     candidates (``_nucleus`` says why that is the full sort's result)."""
     exponents = (flat.view(torch.int32) >> 23).long()  # p >= 0: its biased fp32 exponent, 0..255
-    mass = torch.zeros(flat.shape[0], 256).scatter_add_(1, exponents, flat)
+    mass = torch.zeros(flat.shape[0], 256, device=flat.device).scatter_add_(1, exponents, flat)
     enough = mass.flip(1).cumsum(1) >= top_p + 2 * NUCLEUS_MARGIN  # [:, j]: exponents >= 255 - j do
     floors = torch.where(enough.any(1), 255 - enough.int().argmax(1), 0).tolist()
     out = torch.zeros_like(flat)
