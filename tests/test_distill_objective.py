@@ -87,11 +87,29 @@ def test_sampled_generations_are_seeded_extendable_and_not_greedy() -> None:
     (["--tv-temperature", "nan"], "--tv-temperature must be > 0"),
     (["--sampled-generations", "-5"], "--sampled-generations must be >= 0"),
 ])
-def test_train_draft_refuses_bad_objective_flags_before_loading_anything(tmp_path, capsys, flags, message) -> None:
+@pytest.mark.parametrize("command", ["draft", "self-draft"])
+def test_train_refuses_bad_objective_flags_before_loading_anything(tmp_path, capsys, flags, message, command) -> None:
     from quickdraft.cli import main
 
-    code = main(["train", "draft", "--target", str(tmp_path / "no-such-target"), "--data", str(tmp_path),
+    code = main(["train", command, "--target", str(tmp_path / "no-such-target"), "--data", str(tmp_path),
                  "--out", str(tmp_path / "out"), *flags])
     assert code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_subset_acceptance_is_the_overlap_of_p_and_q_at_the_temperature_over_the_head() -> None:
+    from quickdraft.train.self_draft import subset_acceptance
+
+    generator = torch.Generator().manual_seed(3)
+    p_log = torch.log_softmax(torch.randn(5, 10, generator=generator), -1)
+    q_logits = torch.randn(5, 4, generator=generator)
+    head = torch.tensor([0, 3, 5, 9])
+    for temperature in (0.5, 1.0):
+        p = torch.softmax(p_log / temperature, -1)[:, head]
+        q = torch.softmax(q_logits / temperature, -1)
+        expected = torch.minimum(p, q).sum(-1)
+        assert torch.allclose(subset_acceptance(p_log, q_logits, head, temperature), expected, atol=1e-6)
+    # q the target's own distribution, renormalised on a head holding every token: nothing is rejected
+    everything = torch.arange(10)
+    assert torch.allclose(subset_acceptance(p_log, p_log, everything, 0.8), torch.ones(5), atol=1e-5)

@@ -108,6 +108,25 @@ def test_self_draft_training_raises_agreement_with_the_target(self_draft_dir: Pa
     assert data["documents"] == len(SOURCES) + 1  # the nested text file counts, the binary one does not
 
 
+def test_self_draft_trains_further_from_a_saved_one_on_sampled_text_with_the_tv_term(
+        gpt2_target: Path, text_dir: Path, self_draft_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "further"
+    code = cli_main(["train", "self-draft", "--target", str(gpt2_target), "--data", str(text_dir), "--out", str(out),
+                     "--init-from", str(self_draft_dir), "--max-steps", "20", "--lr", "1e-3", "--generations", "8",
+                     "--sampled-generations", "8", "--tv-weight", "1", *LOOP_FLAGS])
+    assert code == 0
+    saved = json.loads((self_draft_dir / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    # it starts from the saved module's weights: the same validation figures before any step
+    assert summary["initial_val_agree"] == pytest.approx(saved["val_agree"], abs=1e-6)
+    assert summary["initial_val_loss"] == pytest.approx(saved["val_loss"], abs=1e-5)
+    assert (summary["sampled_generations"], summary["tv_weight"], summary["generations"]) == (8, 1.0, 16)
+    assert 0 < summary["val_accept_t0.8"] <= 1
+    assert (out / "generations_t0.8.npy").exists()
+    meta = json.loads((out / CONFIG_FILE).read_text())
+    assert (meta["exit_layer"], meta["adapter_layers"], meta["head_tokens"]) == (1, 1, 48)  # the saved shape
+
+
 def test_self_draft_greedy_is_bit_identical_to_plain_decoding(gpt2_target: Path, self_draft_dir: Path) -> None:
     engine = Engine(gpt2_target, f"self:{self_draft_dir}", exact=True, tree_nodes=8)
     assert engine.drafter is not None and engine.drafter.name == "self-draft"

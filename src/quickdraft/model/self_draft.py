@@ -145,6 +145,15 @@ def is_self_draft_dir(path: Path) -> bool:
 
 def load_self_draft(path: str | Path, target: LoadedModel) -> LoadedModel:
     """The self-draft saved in ``path``, composed over ``target`` (in the target's dtype and device)."""
+    module = read_self_draft_module(path, target)
+    module.requires_grad_(False)
+    return LoadedModel(model=compose(target.model, module), config=module.config, tokenizer=target.tokenizer,
+                       path=Path(path), name=f"self:{path}", eos_token_ids=target.eos_token_ids)
+
+
+def read_self_draft_module(path: str | Path, target: LoadedModel) -> SelfDraftModule:
+    """The module saved in ``path`` (checked against ``target``), in the target's dtype, not composed:
+    ``load_self_draft`` composes it, ``quickdraft train self-draft --init-from`` trains it further."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -183,6 +192,4 @@ def load_self_draft(path: str | Path, target: LoadedModel) -> LoadedModel:
     if int(state["head_ids"].max()) >= min(limit, target.config.vocab_size) or int(state["head_ids"].min()) < 0:
         raise ModelFormatError(f"{path / WEIGHTS_FILE}: head ids outside the target's vocabulary 0..{limit - 1}")
     module.load_state_dict({n: t.to(model.dtype) if t.is_floating_point() else t for n, t in state.items()})
-    module.requires_grad_(False)
-    return LoadedModel(model=compose(model, module), config=module.config, tokenizer=target.tokenizer, path=path,
-                       name=f"self:{path}", eos_token_ids=target.eos_token_ids)
+    return module

@@ -58,6 +58,18 @@ def _add_loop_flags(p: argparse.ArgumentParser, *, batch_size: int, lr: float, m
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt exactly")
 
 
+def _add_sampled_objective_flags(p: argparse.ArgumentParser) -> None:
+    """What a drafter for sampled requests trains on and for (train draft and train self-draft)."""
+    p.add_argument("--sampled-generations", type=int, default=0,
+                   help="also train on this many target continuations sampled at --sample-temperature (the text "
+                   "sampled speculation meets; 0: greedy generations only)")
+    p.add_argument("--sample-temperature", type=float, default=0.8)
+    p.add_argument("--tv-weight", type=float, default=0.0,
+                   help="add this weight x the total variation distance to the target at --tv-temperature to the "
+                   "loss (1 - TV is the rejection rule's acceptance there; 0: off)")
+    p.add_argument("--tv-temperature", type=float, default=0.8)
+
+
 def _train_args(ns: argparse.Namespace):  # noqa: ANN202 - TrainArgs, imported lazily (torch)
     from quickdraft.train.common import TrainArgs
 
@@ -127,7 +139,10 @@ def _cmd_self_draft(ns: argparse.Namespace) -> int:
 
     summary = train_self_draft(_train_args(ns), ns.target, ns.data, exit_layer=ns.exit_layer,
                                adapter_layers=ns.adapter_layers, head_tokens=ns.head_tokens, adapter_mlp=ns.adapter_mlp,
-                               generated_fraction=ns.generated_fraction, n_generations=ns.generations)
+                               generated_fraction=ns.generated_fraction, n_generations=ns.generations,
+                               init_from=ns.init_from, sampled_generations=ns.sampled_generations,
+                               sample_temperature=ns.sample_temperature, tv_weight=ns.tv_weight,
+                               tv_temperature=ns.tv_temperature)
     print(json.dumps(summary, indent=2))
     print(f"saved the self-draft to {ns.out}; use it with --drafter self:{ns.out}", file=sys.stderr)
     return 0
@@ -256,14 +271,7 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--induction-steps", type=int, default=0,
                    help="first train the draft this many steps to copy repeated random tokens (forms the copying "
                    "circuit a small draft of a copying target needs; ~800 suits the embedded draft; 0: off)")
-    p.add_argument("--sampled-generations", type=int, default=0,
-                   help="also train on this many target continuations sampled at --sample-temperature (the text "
-                   "sampled speculation meets; 0: greedy generations only)")
-    p.add_argument("--sample-temperature", type=float, default=0.8)
-    p.add_argument("--tv-weight", type=float, default=0.0,
-                   help="add this weight x the total variation distance to the target at --tv-temperature to the "
-                   "KL loss (1 - TV is the rejection rule's acceptance there; 0: KL only)")
-    p.add_argument("--tv-temperature", type=float, default=0.8)
+    _add_sampled_objective_flags(p)
     p.add_argument("--regenerate", action="store_true", help="discard OUT/generations*.npy and generate anew "
                    "(after --resume against a newer target)")
     p.add_argument("--init-from", type=Path, default=None, metavar="DIR",
@@ -288,6 +296,10 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
                    ">= 1,024)")
     p.add_argument("--generated-fraction", type=float, default=0.5, help="share of each batch from target generations")
     p.add_argument("--generations", type=int, default=256, help="target greedy generations to train on")
+    _add_sampled_objective_flags(p)
+    p.add_argument("--init-from", type=Path, default=None, metavar="DIR",
+                   help="train this saved self-draft of the target further (its shape and head kept; a fresh "
+                   "optimizer and schedule); --resume from OUT/checkpoint.pt still wins")
     p.set_defaults(func=_cmd_self_draft)
 
     p = sub.add_parser("eval", help="validation loss and greedy acceptance (draft and early exit)")

@@ -145,6 +145,33 @@ def acceptance_at(p_logits: torch.Tensor, q_logits: torch.Tensor, temperature: f
     return torch.minimum(p, q).sum(-1)
 
 
+def check_sampled_objective(n_generations: int, sampled_generations: int, sample_temperature: float,
+                            tv_weight: float, tv_temperature: float) -> None:
+    """Refuse, by flag name and before anything loads, what the generation and TV flags cannot mean."""
+    for flag, value in (("--sample-temperature", sample_temperature), ("--tv-temperature", tv_temperature)):
+        if not (value > 0 and math.isfinite(value)):
+            raise QuickdraftError(f"{flag} must be > 0 and finite (a sampling temperature), got {value}")
+    for flag, value in (("--tv-weight", tv_weight), ("--generations", n_generations),
+                        ("--sampled-generations", sampled_generations)):
+        if not value >= 0:
+            raise QuickdraftError(f"{flag} must be >= 0, got {value}")
+
+
+def generation_sets(out_dir: Path, target: Transformer, tokens: np.ndarray, n_generations: int,
+                    sampled_generations: int, sample_temperature: float, prompt_len: int, seq_len: int, seed: int,
+                    regenerate: bool = False) -> np.ndarray:
+    """The target's greedy continuations and, with ``sampled_generations``, sampled ones, kept in
+    ``out_dir`` (extended, or made anew with ``regenerate``), as one array of rows."""
+    runs = [(n_generations, 0.0)] + ([(sampled_generations, sample_temperature)] if sampled_generations else [])
+    if regenerate:
+        for _, temperature in runs:
+            generations_file(out_dir, temperature).unlink(missing_ok=True)
+    sets = [load_or_make_generations(generations_file(out_dir, temperature), target, tokens, n, prompt_len,
+                                     seq_len + 1 - prompt_len + 64, seed, temperature)[:n]
+            for n, temperature in runs if n > 0]
+    return np.concatenate(sets) if sets else np.zeros((0, 0), dtype=tokens.dtype)
+
+
 def distill_loss(draft: Transformer, target: Transformer, batch: torch.Tensor, *, tv_weight: float = 0.0,
                  tv_temperature: float = ACCEPTANCE_TEMPERATURE) -> tuple[torch.Tensor, dict[str, float]]:
     inputs = batch[:, :-1]
@@ -245,13 +272,7 @@ def train_draft(args: TrainArgs, shape: ModelShape | None, target_dir: str | Pat
     greedy ones (the text sampled speculation meets); ``tv_weight`` > 0 adds that weight times the
     total variation distance at ``tv_temperature`` to the loss (module docstring).
     """
-    for flag, value in (("--sample-temperature", sample_temperature), ("--tv-temperature", tv_temperature)):
-        if not (value > 0 and math.isfinite(value)):
-            raise QuickdraftError(f"{flag} must be > 0 and finite (a sampling temperature), got {value}")
-    for flag, value in (("--tv-weight", tv_weight), ("--generations", n_generations),
-                        ("--sampled-generations", sampled_generations)):
-        if not value >= 0:
-            raise QuickdraftError(f"{flag} must be >= 0, got {value}")
+    check_sampled_objective(n_generations, sampled_generations, sample_temperature, tv_weight, tv_temperature)
     set_threads(args.threads)
     device = training_device(args.device)
     torch.manual_seed(args.seed)
@@ -277,14 +298,9 @@ def train_draft(args: TrainArgs, shape: ModelShape | None, target_dir: str | Pat
     bootstrap: dict[str, float] = {}
     if induction_steps > 0 and not (args.resume and (args.out_dir / CHECKPOINT).exists()):
         bootstrap = induction_bootstrap(draft, tokens, induction_steps, lr=INDUCTION_LR, seed=args.seed)
-    runs = [(n_generations, 0.0)] + ([(sampled_generations, sample_temperature)] if sampled_generations else [])
-    if regenerate:
-        for _, temperature in runs:
-            generations_file(args.out_dir, temperature).unlink(missing_ok=True)
-    sets = [load_or_make_generations(generations_file(args.out_dir, temperature), target, tokens, n, prompt_len,
-                                     args.seq_len + 1 - prompt_len + 64, args.seed, temperature)[:n]
-            for n, temperature in runs if n > 0] if generated_fraction > 0 else []
-    generations = np.concatenate(sets) if sets else np.zeros((0, 0), dtype=tokens.dtype)
+    generations = (generation_sets(args.out_dir, target, tokens, n_generations, sampled_generations,
+                                   sample_temperature, prompt_len, args.seq_len, args.seed, regenerate)
+                   if generated_fraction > 0 else np.zeros((0, 0), dtype=tokens.dtype))
     sampler = MixedBatches(tokens, generations, generated_fraction, args.seed, copy_fraction)
     val = load_stream(args.data_dir, "val")
     val_batches = eval_batches(val, args.eval_batches, args.batch_size, args.seq_len)

@@ -23,10 +23,17 @@ import torch
 import torch.nn.functional as F
 
 from quickdraft.model.loader import DTYPES, LoadedModel, load_model
-from quickdraft.model.self_draft import SelfDraftModule, SelfDraftShape, default_head_tokens, save_self_draft
+from quickdraft.model.self_draft import (
+    SelfDraftModule,
+    SelfDraftShape,
+    default_head_tokens,
+    read_self_draft_module,
+    save_self_draft,
+)
 from quickdraft.model.transformer import Transformer
 from quickdraft.train.common import TrainArgs, eval_batches, set_threads, train_loop, training_device
-from quickdraft.train.distill import MixedBatches, load_or_make_generations
+from quickdraft.sampling import SamplingParams, tempered_probabilities
+from quickdraft.train.distill import ACCEPTANCE_TEMPERATURE, MixedBatches, check_sampled_objective, generation_sets
 from quickdraft.train.text_data import load_stream, prepare_token_data
 
 log = logging.getLogger(__name__)
@@ -61,27 +68,49 @@ def _target_pass(target: Transformer, inputs: torch.Tensor, exit_layer: int) -> 
         return streams[exit_layer - 1], F.log_softmax(target.logits(final).float(), dim=-1)
 
 
-def self_draft_loss(module: SelfDraftModule, target: Transformer,
-                    batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+def subset_acceptance(p_log: torch.Tensor, q_logits: torch.Tensor, head_ids: torch.Tensor,
+                      temperature: float) -> torch.Tensor:
+    """Per position, Σ min(p, q) at ``temperature`` with q over the head's tokens only (zero elsewhere,
+    as the drafter's scattered logits give it): the rejection rule's acceptance of a drafted token.
+    p_log [..., vocab], q_logits [..., K] -> [...]."""
+    tempered = SamplingParams(temperature=temperature)
+    p = tempered_probabilities(p_log, tempered)[..., head_ids]
+    return torch.minimum(p, tempered_probabilities(q_logits, tempered)).sum(-1)
+
+
+def self_draft_loss(module: SelfDraftModule, target: Transformer, batch: torch.Tensor, *, tv_weight: float = 0.0,
+                    tv_temperature: float = ACCEPTANCE_TEMPERATURE) -> tuple[torch.Tensor, dict[str, float]]:
+    """Cross-entropy of q against p over the head's tokens, plus ``tv_weight`` x the rejection rate at
+    ``tv_temperature`` (distill.py's objective, restricted to the subset)."""
     inputs = batch[:, :-1]
     exit_hidden, p_log = _target_pass(target, inputs, module.shape.exit_layer)
-    q_log = F.log_softmax(module.logits(target, exit_hidden).float(), dim=-1)  # [batch, T, K]
+    q_logits = module.logits(target, exit_hidden).float()  # [batch, T, K]
+    q_log = F.log_softmax(q_logits, dim=-1)
     p_subset = p_log.exp()[..., module.head_ids]
     loss = -(p_subset * q_log).sum(-1).mean()
+    metrics = {"ce": float(loss.detach())}
+    if tv_weight > 0:
+        rejected = 1.0 - subset_acceptance(p_log, q_logits, module.head_ids, tv_temperature).mean()
+        loss = loss + tv_weight * rejected
+        metrics["tv"] = float(rejected.detach())
     with torch.no_grad():
         agree = (module.head_ids[q_log.argmax(-1)] == p_log.argmax(-1)).float().mean()
         coverage = p_subset.sum(-1).mean()
-    return loss, {"loss": float(loss.detach()), "agree": float(agree), "coverage": float(coverage)}
+        accept = subset_acceptance(p_log, q_logits, module.head_ids, ACCEPTANCE_TEMPERATURE).mean()
+    return loss, {"loss": float(loss.detach()), **metrics, "agree": float(agree), "coverage": float(coverage),
+                  f"accept_t{ACCEPTANCE_TEMPERATURE:g}": float(accept)}
 
 
 @torch.no_grad()
 def evaluate_self_draft(module: SelfDraftModule, target: Transformer, batches: list[torch.Tensor]) -> dict[str, float]:
-    """Validation: the loss, how often the draft's argmax is the target's (greedy acceptance per
-    position, teacher-forced), and the target's probability mass inside the head's subset."""
+    """Validation: the cross-entropy over the subset (``loss``: without any TV term), how often the
+    draft's argmax is the target's (greedy acceptance per position, teacher-forced), the target's
+    probability mass inside the head's subset, and the rejection rule's acceptance at T = 0.8."""
     module.eval()
-    totals = {"loss": 0.0, "agree": 0.0, "coverage": 0.0}
+    totals = {"loss": 0.0, "agree": 0.0, "coverage": 0.0, f"accept_t{ACCEPTANCE_TEMPERATURE:g}": 0.0}
     for batch in batches:
         _, metrics = self_draft_loss(module, target, batch.to(target.device))
+        metrics["loss"] = metrics["ce"]
         for name in totals:
             totals[name] += metrics[name] / len(batches)
     return totals
@@ -96,10 +125,18 @@ def _saved_dtype(target: LoadedModel) -> torch.dtype:
 def train_self_draft(args: TrainArgs, target_ref: str | Path, data: list[Path], *, exit_layer: int | None = None,
                      adapter_layers: int = 1, head_tokens: int | None = None, adapter_mlp: bool = True,
                      generated_fraction: float = 0.5,
-                     n_generations: int = 256, save_to: Path | None = None) -> dict[str, object]:
+                     n_generations: int = 256, save_to: Path | None = None, init_from: Path | None = None,
+                     sampled_generations: int = 0, sample_temperature: float = ACCEPTANCE_TEMPERATURE,
+                     tv_weight: float = 0.0, tv_temperature: float = ACCEPTANCE_TEMPERATURE) -> dict[str, object]:
     """Train a self-draft for the target ``target_ref`` (a directory or hub id) on the text in ``data``
     and save it to ``save_to`` (default: ``args.out_dir``). ``args.data_dir`` is ignored: the token
-    streams go to ``args.out_dir / "data"``."""
+    streams go to ``args.out_dir / "data"``.
+
+    ``init_from`` (a saved self-draft of this target) trains that module further, its shape and head
+    kept (the shape arguments are then ignored), with a fresh optimizer and schedule; a checkpoint
+    under ``args.resume`` still wins. ``sampled_generations``, ``sample_temperature``, ``tv_weight``
+    and ``tv_temperature`` are ``quickdraft train draft``'s (distill.py)."""
+    check_sampled_objective(n_generations, sampled_generations, sample_temperature, tv_weight, tv_temperature)
     set_threads(args.threads)
     device = training_device(args.device)
     torch.manual_seed(args.seed)
@@ -115,8 +152,13 @@ def train_self_draft(args: TrainArgs, target_ref: str | Path, data: list[Path], 
     args.data_dir = data_dir
     tokens = load_stream(data_dir, "train", memmap=True)
     vocab_limit = min(config.vocab_size, target.tokenizer.vocab_size if target.tokenizer else config.vocab_size)
-    head_ids = frequent_tokens(tokens, shape.head_tokens, vocab_limit, target.eos_token_ids)
-    module = SelfDraftModule.initialised_from(target.model, shape, head_ids)
+    if init_from is not None:
+        module = read_self_draft_module(init_from, target)
+        shape, head_ids = module.shape, module.head_ids
+        log.info("self-draft: initialised from %s", init_from)
+    else:
+        head_ids = frequent_tokens(tokens, shape.head_tokens, vocab_limit, target.eos_token_ids)
+        module = SelfDraftModule.initialised_from(target.model, shape, head_ids)
     module.requires_grad_(True)
     target.model.requires_grad_(False)
     target.model.to(device)
@@ -128,20 +170,24 @@ def train_self_draft(args: TrainArgs, target_ref: str | Path, data: list[Path], 
              shape.adapter_layers, shape.head_tokens, 100 * coverage, n_module, n_module / target.n_params,
              target.n_params)
     if generated_fraction > 0:
-        generations = load_or_make_generations(args.out_dir / "generations.npy", target.model, tokens, n_generations,
-                                               PROMPT_LEN, args.seq_len + 1 - PROMPT_LEN + 64, args.seed)
+        generations = generation_sets(args.out_dir, target.model, tokens, n_generations, sampled_generations,
+                                      sample_temperature, PROMPT_LEN, args.seq_len, args.seed)
     else:
         generations = np.zeros((0, 0), dtype=tokens.dtype)
     sampler = MixedBatches(tokens, generations, generated_fraction, args.seed)
     val_batches = eval_batches(load_stream(data_dir, "val"), args.eval_batches, args.batch_size, args.seq_len)
     initial = evaluate_self_draft(module, target.model, val_batches)  # the truncated target, before training
-    summary = train_loop(module, lambda m, b: self_draft_loss(m, target.model, b), args, name="self-draft",  # type: ignore[arg-type]
+    summary = train_loop(module, lambda m, b: self_draft_loss(m, target.model, b, tv_weight=tv_weight,  # type: ignore[arg-type]
+                                                              tv_temperature=tv_temperature),
+                         args, name="self-draft",
                          eval_fn=lambda m: evaluate_self_draft(m, target.model, val_batches),  # type: ignore[arg-type]
                          sampler=sampler)
     summary.update(target=str(target_ref), exit_layer=shape.exit_layer, adapter_layers=shape.adapter_layers,
                    adapter_mlp=shape.adapter_mlp,
                    head_tokens=shape.head_tokens, text_coverage=round(coverage, 4), trained_params=n_module,
                    target_params=target.n_params, generations=int(generations.shape[0]),
+                   sampled_generations=sampled_generations, tv_weight=tv_weight,
+                   init_from=str(init_from) if init_from is not None else None,
                    **{f"initial_val_{name}": value for name, value in initial.items()})
     (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     save_self_draft(module, config, save_to or args.out_dir, training=summary, dtype=_saved_dtype(target))
