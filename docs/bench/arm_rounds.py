@@ -21,12 +21,13 @@ from quickdraft.model.loader import LoadedModel, load_model
 def embedded_engine(draft: str | Path | None = None, *, compile_target: bool = False,
                     target: LoadedModel | None = None) -> tuple[LoadedModel, Engine]:
     """(the default target in bf16, an engine over it with ``draft`` in fp32, default the shipped
-    draft), one thread, exact mode off, the draft compiled, EOS ignored (every request runs its
+    draft, or a self-draft of it given as ``self[:DIR]``), one thread, exact mode off, the draft compiled, EOS ignored (every request runs its
     whole budget). Pass ``target`` to share one loaded target between engines."""
     torch.set_num_threads(1)
     target = target or load_model(default_target_path(), dtype="bf16")
-    engine = Engine(target, load_model(draft or embedded_draft_for(default_target_path()), dtype="fp32"), exact=False,
-                    dtype="bf16", compile_drafter=True, compile_target=compile_target)
+    spec = str(draft or embedded_draft_for(default_target_path()))
+    drafter = spec if spec.partition(":")[0] == "self" else load_model(spec, dtype="fp32")  # self[:DIR]: a self-draft
+    engine = Engine(target, drafter, exact=False, dtype="bf16", compile_drafter=True, compile_target=compile_target)
     engine.eos_token_ids = frozenset()
     return target, engine
 

@@ -1,4 +1,4 @@
-"""Two draft models for the same target, side by side with plain decoding, in one process: the bench's
+"""Two drafters for the same target (draft models, or self-drafts as self:DIR), side by side with plain decoding, in one process: the bench's
 prompts, 128 new tokens, one thread, the single-sequence engine. Each round runs every arm on every
 prompt in a rotated order; the figures are medians over rounds of speculative / plain tokens/s, and
 each draft's acceptance (accepted / drafted tokens) over all rounds.
@@ -25,7 +25,7 @@ SAMPLINGS = {"greedy": SamplingParams(), "coupled": SamplingParams(temperature=0
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--draft", action="append", required=True, help="a draft model directory (give two)")
+    parser.add_argument("--draft", action="append", required=True, help="a draft model directory, or self:DIR (give two)")
     parser.add_argument("--sampling", choices=sorted(SAMPLINGS), default="coupled")
     parser.add_argument("--gamma", default="3", help="draft length, or auto")
     parser.add_argument("--rounds", type=int, default=5)
