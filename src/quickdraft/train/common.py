@@ -65,6 +65,14 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads or min(os.cpu_count() or 1, 16))
 
 
+def device_of(model: torch.nn.Module) -> torch.device:
+    """Where a model's tensors are: its first parameter's or buffer's device, the CPU for a module with
+    neither (the tests' stand-in models)."""
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
 def training_device(name: str) -> torch.device:
     """The device ``--device`` names, refused by name when torch cannot use it (before anything loads)."""
     try:

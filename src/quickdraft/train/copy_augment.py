@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from quickdraft.train.common import batch_at
+from quickdraft.train.common import batch_at, device_of
 
 MIN_SPAN = 16
 MAX_SPAN = 128
@@ -89,7 +89,7 @@ def repeat_eval_windows(tokens: np.ndarray, n_windows: int, span_len: int) -> to
 def repeat_top1(model: torch.nn.Module, windows: torch.Tensor) -> dict[str, float]:
     """Top-1 accuracy on a span's first occurrence and on its verbatim repeat (a copier scores near 1)."""
     span_len = windows.shape[1] // 2
-    windows = windows.to(next(model.parameters()).device)
+    windows = windows.to(device_of(model))
     logits = model(windows[:, :-1])  # [n, 2 * span_len - 1, vocab]
     correct = (logits.argmax(-1) == windows[:, 1:]).float()
     return {"first_top1": float(correct[:, :span_len - 1].mean()), "repeat_top1": float(correct[:, span_len:].mean())}

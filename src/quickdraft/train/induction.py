@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from quickdraft.model.transformer import Transformer
-from quickdraft.train.common import make_optimizer
+from quickdraft.train.common import device_of, make_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def repeat_accuracy(model: Transformer, windows: torch.Tensor) -> float:
     """Top-1 accuracy on the second half of random-repeat windows (where every period has been seen)."""
     model.eval()
     half = windows.shape[1] // 2
-    windows = windows.to(model.device)
+    windows = windows.to(device_of(model))
     predicted = model(windows[:, :-1])[:, half - 1:].argmax(-1)
     return float((predicted == windows[:, half:]).float().mean())
 
@@ -69,7 +69,7 @@ def induction_bootstrap(model: Transformer, tokens: np.ndarray, steps: int, *, l
     for step in tqdm(range(steps), desc="induction bootstrap", mininterval=10):
         for group in optimizer.param_groups:  # constant after warm-up: the circuit forms late, at full rate
             group["lr"] = lr * min(1.0, (step + 1) / WARMUP_STEPS)
-        batch = random_repeat_batch(tokens, BATCH, WINDOW + 1, seed, step).to(model.device)
+        batch = random_repeat_batch(tokens, BATCH, WINDOW + 1, seed, step).to(device_of(model))
         loss = F.cross_entropy(model(batch[:, :-1]).flatten(0, 1), batch[:, 1:].flatten())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
