@@ -98,8 +98,7 @@ def test_train_refuses_bad_objective_flags_before_loading_anything(tmp_path, cap
     assert not (tmp_path / "out").exists()
 
 
-def test_subset_acceptance_is_the_overlap_of_p_and_q_at_the_temperature_over_the_head() -> None:
-    from quickdraft.train.self_draft import subset_acceptance
+def test_acceptance_over_a_head_is_the_overlap_of_p_and_q_at_the_temperature_over_its_tokens() -> None:
 
     generator = torch.Generator().manual_seed(3)
     p_log = torch.log_softmax(torch.randn(5, 10, generator=generator), -1)
@@ -109,7 +108,7 @@ def test_subset_acceptance_is_the_overlap_of_p_and_q_at_the_temperature_over_the
         p = torch.softmax(p_log / temperature, -1)[:, head]
         q = torch.softmax(q_logits / temperature, -1)
         expected = torch.minimum(p, q).sum(-1)
-        assert torch.allclose(subset_acceptance(p_log, q_logits, head, temperature), expected, atol=1e-6)
+        assert torch.allclose(acceptance_at(p_log, q_logits, temperature, head), expected, atol=1e-6)
     # q the target's own distribution, renormalised on a head holding every token: nothing is rejected
     everything = torch.arange(10)
-    assert torch.allclose(subset_acceptance(p_log, p_log, everything, 0.8), torch.ones(5), atol=1e-5)
+    assert torch.allclose(acceptance_at(p_log, p_log, 0.8, everything), torch.ones(5), atol=1e-5)

@@ -137,11 +137,16 @@ def load_or_make_generations(path: Path, target: Transformer, tokens: np.ndarray
     return generations
 
 
-def acceptance_at(p_logits: torch.Tensor, q_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+def acceptance_at(p_logits: torch.Tensor, q_logits: torch.Tensor, temperature: float,
+                  head_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Per position, Σ min(p, q) of the two distributions at ``temperature`` (1 − their total variation
-    distance): the chance that the rejection rule accepts a token drawn from q. [..., vocab] -> [...]."""
+    distance): the chance that the rejection rule accepts a token drawn from q. [..., vocab] -> [...].
+    With ``head_ids`` [K], q is a self-draft head's over those tokens only (q_logits [..., K]; zero
+    elsewhere, as the drafter's scattered logits give it)."""
     tempered = SamplingParams(temperature=temperature)  # the decoder's arithmetic for p and q
     p, q = tempered_probabilities(p_logits, tempered), tempered_probabilities(q_logits, tempered)
+    if head_ids is not None:
+        p = p[..., head_ids]
     return torch.minimum(p, q).sum(-1)
 
 

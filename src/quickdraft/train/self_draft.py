@@ -32,8 +32,13 @@ from quickdraft.model.self_draft import (
 )
 from quickdraft.model.transformer import Transformer
 from quickdraft.train.common import TrainArgs, eval_batches, set_threads, train_loop, training_device
-from quickdraft.sampling import SamplingParams, tempered_probabilities
-from quickdraft.train.distill import ACCEPTANCE_TEMPERATURE, MixedBatches, check_sampled_objective, generation_sets
+from quickdraft.train.distill import (
+    ACCEPTANCE_TEMPERATURE,
+    MixedBatches,
+    acceptance_at,
+    check_sampled_objective,
+    generation_sets,
+)
 from quickdraft.train.text_data import load_stream, prepare_token_data
 
 log = logging.getLogger(__name__)
@@ -68,16 +73,6 @@ def _target_pass(target: Transformer, inputs: torch.Tensor, exit_layer: int) -> 
         return streams[exit_layer - 1], F.log_softmax(target.logits(final).float(), dim=-1)
 
 
-def subset_acceptance(p_log: torch.Tensor, q_logits: torch.Tensor, head_ids: torch.Tensor,
-                      temperature: float) -> torch.Tensor:
-    """Per position, Σ min(p, q) at ``temperature`` with q over the head's tokens only (zero elsewhere,
-    as the drafter's scattered logits give it): the rejection rule's acceptance of a drafted token.
-    p_log [..., vocab], q_logits [..., K] -> [...]."""
-    tempered = SamplingParams(temperature=temperature)
-    p = tempered_probabilities(p_log, tempered)[..., head_ids]
-    return torch.minimum(p, tempered_probabilities(q_logits, tempered)).sum(-1)
-
-
 def self_draft_loss(module: SelfDraftModule, target: Transformer, batch: torch.Tensor, *, tv_weight: float = 0.0,
                     tv_temperature: float = ACCEPTANCE_TEMPERATURE) -> tuple[torch.Tensor, dict[str, float]]:
     """Cross-entropy of q against p over the head's tokens, plus ``tv_weight`` x the rejection rate at
@@ -89,14 +84,18 @@ def self_draft_loss(module: SelfDraftModule, target: Transformer, batch: torch.T
     p_subset = p_log.exp()[..., module.head_ids]
     loss = -(p_subset * q_log).sum(-1).mean()
     metrics = {"ce": float(loss.detach())}
+    accept = None
     if tv_weight > 0:
-        rejected = 1.0 - subset_acceptance(p_log, q_logits, module.head_ids, tv_temperature).mean()
-        loss = loss + tv_weight * rejected
-        metrics["tv"] = float(rejected.detach())
+        acceptance = acceptance_at(p_log, q_logits, tv_temperature, module.head_ids).mean()
+        loss = loss + tv_weight * (1.0 - acceptance)
+        metrics["tv"] = 1.0 - float(acceptance.detach())
+        if tv_temperature == ACCEPTANCE_TEMPERATURE:  # the reported figure, already computed
+            accept = acceptance.detach()
     with torch.no_grad():
         agree = (module.head_ids[q_log.argmax(-1)] == p_log.argmax(-1)).float().mean()
         coverage = p_subset.sum(-1).mean()
-        accept = subset_acceptance(p_log, q_logits, module.head_ids, ACCEPTANCE_TEMPERATURE).mean()
+        if accept is None:
+            accept = acceptance_at(p_log, q_logits, ACCEPTANCE_TEMPERATURE, module.head_ids).mean()
     return loss, {"loss": float(loss.detach()), **metrics, "agree": float(agree), "coverage": float(coverage),
                   f"accept_t{ACCEPTANCE_TEMPERATURE:g}": float(accept)}
 
