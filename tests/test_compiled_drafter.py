@@ -161,6 +161,26 @@ def test_exact_mode_on_compiled_target_steps_is_bit_identical_to_its_plain_decod
     assert engine.target_steps.enabled, "compilation fell back to eager"
 
 
+def test_row_timings_take_the_counts_in_turn_and_never_fall_with_more_rows(models, monkeypatch):
+    """Auto γ plans with these: a machine slowing down midway must move every count alike, and a
+    noisy count cheaper than a shorter one is lifted to it."""
+    steps = CompiledSteps(models["target"].model, enabled=False, row_buckets=(1, 2, 5))
+    clock = [0.0]
+    cost = {1: 1.0, 2: 0.8, 5: 3.0}  # 2 rows "cheaper" than 1: noise
+
+    def fake_run(tokens, start, cache):
+        clock[0] += cost[len(tokens)] * (1 + clock[0] / 100)  # the machine slows as time passes
+
+    steps.run = fake_run
+    monkeypatch.setattr(compiled.time, "perf_counter", lambda: clock[0])
+    seconds = steps._time_rows(None, steps.row_buckets, rounds=9)
+    assert list(seconds) == [1, 2, 5]
+    assert seconds[1] == seconds[2] and seconds[5] > seconds[2]
+    assert 2.9 < seconds[5] / seconds[1] < 3.1  # interleaved: the slowdown cancels in the ratio
+    steps.row_seconds = seconds
+    assert steps.seconds_for(3) == seconds[5]  # padded to its bucket
+
+
 def test_the_compiled_row_probe_catches_a_row_that_depends_on_its_neighbours(models):
     """rows_agree must fail when a row's bits depend on the call's other rows."""
     steps = CompiledSteps(models["target"].model, enabled=False, row_buckets=(1, 3))

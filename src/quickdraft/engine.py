@@ -481,7 +481,7 @@ class Engine:
         steps = self.target_steps
         if steps is None or not steps.row_seconds or gamma + 1 > steps.max_rows:
             return 1.0
-        return steps.row_seconds[steps.bucket(gamma + 1)] / steps.row_seconds[steps.bucket(1)]
+        return steps.seconds_for(gamma + 1) / steps.seconds_for(1)
 
     def _keep_exact_target_steps(self, cache: KVCache) -> None:
         """Exact mode on compiled steps: every row bucket when the probe finds that each row gets the

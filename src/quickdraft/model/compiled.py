@@ -20,7 +20,7 @@ import statistics
 import time
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -30,6 +30,8 @@ from quickdraft.model.transformer import Transformer
 log = logging.getLogger(__name__)
 
 MIN_STATIC_CAPACITY = 256
+# Rounds of the per-row-count timing that auto γ's verify costs come from (~60 ms for the embedded target).
+TIMING_ROUNDS = 12
 
 # Set while a graph is built, not per call (entering a config patch costs ~25 us, a tenth of a
 # draft step). ``freezing`` must be set when dynamo traces, so torch.compile(options=...) cannot
@@ -126,8 +128,7 @@ class CompiledSteps:
                 self.run([0] * rows, 0, cache)
                 if native:
                     self._built.add((rows, cache.capacity))
-            for rows in self.row_buckets:
-                self.row_seconds[rows] = self._time(rows, cache)
+            self.row_seconds = self._time_rows(cache, range(1, self.max_rows + 1) if native else self.row_buckets)
 
     def rows_agree_cached(self, cache: KVCache) -> bool:
         """``rows_agree`` once per capacity (the answer is a fact of the graphs)."""
@@ -135,14 +136,28 @@ class CompiledSteps:
             self.agreement[cache.capacity] = self.rows_agree(cache)
         return self.agreement[cache.capacity]
 
-    def _time(self, rows: int, cache: KVCache, repeats: int = 5) -> float:
-        """The median time of a ``rows``-row call (scratch slots from 0 on, as prepare writes)."""
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            self.run([0] * rows, 0, cache)
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
+    def _time_rows(self, cache: KVCache, row_counts: Iterable[int], rounds: int = TIMING_ROUNDS) -> dict[int, float]:
+        """The median time of a call of each row count (scratch slots from 0 on, as prepare writes),
+        the counts taken in turn round after round so that a machine changing speed meanwhile moves
+        them all alike, and made non-decreasing in rows (a call never costs less than a shorter one:
+        a smaller figure is noise, and auto γ would chase it)."""
+        counts = sorted(row_counts)
+        times: dict[int, list[float]] = {rows: [] for rows in counts}
+        for _ in range(rounds):
+            for rows in counts:
+                start = time.perf_counter()
+                self.run([0] * rows, 0, cache)
+                times[rows].append(time.perf_counter() - start)
+        seconds, floor = {}, 0.0
+        for rows in counts:
+            floor = max(floor, statistics.median(times[rows]))
+            seconds[rows] = floor
+        return seconds
+
+    def seconds_for(self, rows: int) -> float:
+        """A call's measured time for ``rows`` rows (native steps run them unpadded; compiled graphs
+        pad them to their bucket). Needs ``prepare`` first."""
+        return self.row_seconds[rows if rows in self.row_seconds else self.bucket(rows)]
 
     def bucket(self, n: int) -> int:
         """The row bucket an n-row call is padded to."""
