@@ -30,8 +30,10 @@ from quickdraft.model.transformer import Transformer
 log = logging.getLogger(__name__)
 
 MIN_STATIC_CAPACITY = 256
-# Rounds of the per-row-count timing that auto γ's verify costs come from (~60 ms for the embedded target).
-TIMING_ROUNDS = 12
+# Rounds of the per-row-count timing that auto γ's verify costs come from: ~0.2 s for the embedded
+# target, once per cache capacity. With 12 rounds a 5-row call measured 1.14-1.34 1-row calls across
+# processes, with 40 1.19-1.25, and the demo's speedups moved with it.
+TIMING_ROUNDS = 32
 
 # Set while a graph is built, not per call (entering a config patch costs ~25 us, a tenth of a
 # draft step). ``freezing`` must be set when dynamo traces, so torch.compile(options=...) cannot
