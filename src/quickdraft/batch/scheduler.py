@@ -159,7 +159,7 @@ class BatchScheduler:
         self.waiting: deque[BatchRequest] = deque()
         self.active: list[BatchRequest] = []  # active[i].slot == i
         self._target_cost: dict[tuple[int, int], float] = {}  # (slots, rows) -> seconds
-        self._planned_cost: dict[tuple[int, int], float] = {}  # the same, never dearer than more rows
+        self._planned_cost: dict[int, dict[int, float]] = {}  # slots -> rows -> the same, never dearer than more rows
         # (slots, any sequence drafting with q) -> seconds per draft step: the rejection rule's drafts add their
         # probabilities and draws, several times a greedy draft step's cost
         self._draft_cost: dict[tuple[int, bool], float] = {}
@@ -419,17 +419,21 @@ class BatchScheduler:
                 self.model.forward_batched(tokens, positions, self.cache.first(n_slots), window=MIN_WINDOW)
                 timings.append(time.perf_counter() - t0)
             self._target_cost[key] = min(timings)
-            self._planned_cost.clear()
-        if key not in self._planned_cost:  # once per step and slot count: goodput asks for every γ
-            for (s, r), cost in self._target_cost.items():
-                if s == n_slots and r >= rows:
-                    self._planned_cost[key] = min(cost, self._planned_cost.get(key, cost))
-        return self._planned_cost[key]
+            self._planned_cost.pop(n_slots, None)
+        planned = self._planned_cost.get(n_slots)
+        if planned is None or rows not in planned:  # once per step and slot count: goodput asks for every γ
+            measured = sorted((r, cost) for (s, r), cost in self._target_cost.items() if s == n_slots)
+            planned, cheapest = {}, math.inf
+            for r, cost in reversed(measured):
+                cheapest = min(cheapest, cost)
+                planned[r] = cheapest
+            self._planned_cost[n_slots] = planned
+        return planned[rows]
 
     def _observe_target(self, shape: tuple[int, int, int], seconds: float) -> None:
         key = shape[:2]
         self._target_cost[key] = decayed(self._target_cost.get(key), seconds)
-        self._planned_cost.clear()
+        self._planned_cost.pop(key[0], None)
 
     def _draft_seconds(self, n_slots: int, sampled: bool) -> float:
         if self.drafter is None or self.drafter.model_calls_per_token == 0:
