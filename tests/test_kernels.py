@@ -392,6 +392,21 @@ def test_a_rejection_rule_draft_in_one_call_draws_from_the_q_it_returns(checkpoi
     assert chisquare(argmax_observed, expected * 6000 / expected.sum()).pvalue < 1e-6
 
 
+def test_a_one_call_draft_refuses_draws_it_would_misread(checkpoints) -> None:
+    """The kernel reads the rejection rule's draws as k packed float64: a strided view is refused by
+    name, not read as other numbers."""
+    from quickdraft.model.loader import load_model
+
+    model = load_model(checkpoints["related"], dtype="bf16").model
+    assert model.pack_products() and model.native is not None
+    cache = model.new_cache(64)
+    strided = torch.rand(8, dtype=torch.float64)[::2]
+    with pytest.raises(RuntimeError, match="contiguous"):
+        model.native.draft_greedy([3, 4, 5], 4, model.config.vocab_size, cache, uniforms=strided)
+    assert len(model.native.draft_greedy([3, 4, 5], 4, model.config.vocab_size, cache,
+                                         uniforms=strided.contiguous())) == 4
+
+
 def test_a_batch_of_rejection_rule_drafts_draws_in_one_call_from_the_q_it_returns(checkpoints) -> None:
     """The batch drafter's native call draws a rejection-rule sequence's chain beside a greedy one:
     the greedy chain is the lone drafter's, the drawn sequence's q row 0 is the step-by-step q, and

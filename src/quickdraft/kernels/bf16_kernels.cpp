@@ -1144,11 +1144,23 @@ int64_t draft_pick(const T* logits, int64_t vocab_limit, const int64_t* row_toke
 // from the logits the call returns. g (indexed by token id) may be null; row_token as in draft_pick.
 // The weights e^(score - max) are summed a block at a time in token order, then the block that holds
 // u * total is scanned token by token.
+// A drafted step's logits row kept for the caller (the rejection rule needs its q), in float32.
+template <typename T>
+inline void copy_as_float(const T* row, int64_t n, float* out) {
+  for (int64_t v = 0; v < n; ++v) out[v] = static_cast<float>(row[v]);
+}
+
+// What draft_sample reuses from one drafted token to the next instead of allocating it each time.
+struct SampleScratch {
+  std::vector<float> weights;
+  std::vector<double> block_sums;
+};
+
 template <typename T>
 int64_t draft_sample(const T* logits, int64_t vocab_limit, const int64_t* row_token, const float* g, float scale,
-                     double u, std::vector<float>& weights) {
-  weights.resize(static_cast<size_t>(vocab_limit));
-  float* w = weights.data();
+                     double u, SampleScratch& scratch) {
+  scratch.weights.resize(static_cast<size_t>(vocab_limit));
+  float* w = scratch.weights.data();
   for (int64_t v = 0; v < vocab_limit; ++v) {
     const float x = static_cast<float>(logits[v]) * scale;
     w[v] = g ? x + g[row_token ? row_token[v] : v] : x;
@@ -1157,7 +1169,8 @@ int64_t draft_sample(const T* logits, int64_t vocab_limit, const int64_t* row_to
   for (int64_t v = 0; v < vocab_limit; ++v) top = std::max(top, w[v]);
   if (!(top > -INFINITY)) return row_token ? row_token[0] : 0;  // every score -inf (or NaN)
   const V top_v = Simd::set1(top);
-  std::vector<double> block_sums;
+  std::vector<double>& block_sums = scratch.block_sums;
+  block_sums.clear();
   double total = 0.0;
   for (int64_t b = 0; b < vocab_limit; b += kPickBlock) {
     V acc = Simd::zero();
@@ -1222,8 +1235,9 @@ at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t 
               "draft_greedy: gumbel holds k rows of float32 noise indexed by token id");
   const at::Tensor id_map = head_ids.contiguous();
   const int64_t* row_token = head_ids.numel() ? id_map.data_ptr<int64_t>() : nullptr;
-  TORCH_CHECK(uniforms.numel() == 0 || (uniforms.numel() == k && uniforms.scalar_type() == at::kDouble),
-              "draft_greedy: uniforms holds one float64 draw in [0, 1) per drafted token");
+  TORCH_CHECK(uniforms.numel() == 0 || (uniforms.numel() == k && uniforms.scalar_type() == at::kDouble &&
+                                       uniforms.is_contiguous()),
+              "draft_greedy: uniforms holds one float64 draw in [0, 1) per drafted token, contiguous");
   TORCH_CHECK(logits_out.numel() == 0 || (logits_out.dim() == 2 && logits_out.size(0) == k && logits_out.size(1) == vocab &&
                                           logits_out.scalar_type() == at::kFloat && logits_out.is_contiguous()),
               "draft_greedy: logits_out is a contiguous float32 [k, head rows] tensor");
@@ -1231,7 +1245,7 @@ at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t 
   const float* noise_rows = gumbel.numel() ? noise.data_ptr<float>() : nullptr;
   const double* draws = uniforms.numel() ? uniforms.data_ptr<double>() : nullptr;
   float* logits_rows = logits_out.numel() ? logits_out.data_ptr<float>() : nullptr;
-  std::vector<float> sample_weights;
+  SampleScratch sample_scratch;
   const float scale = static_cast<float>(inverse_temperature);
   at::Tensor drafted = at::empty({k}, tokens.options());
   auto* out = drafted.data_ptr<int64_t>();
@@ -1246,10 +1260,9 @@ at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t 
     const at::Tensor logits = forward_native<T>(feed, positions, positions, mask, cos, signed_sin, keys, values,
                                                 weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, 1);
     const T* row = logits.data_ptr<T>();
-    if (logits_rows)
-      for (int64_t v = 0; v < vocab; ++v) logits_rows[i * vocab + v] = static_cast<float>(row[v]);
+    if (logits_rows) copy_as_float(row, vocab, logits_rows + i * vocab);
     const float* g = noise_rows ? noise_rows + i * noise.size(1) : nullptr;
-    const int64_t best = draws ? draft_sample(row, vocab_limit, row_token, g, scale, draws[i], sample_weights)
+    const int64_t best = draws ? draft_sample(row, vocab_limit, row_token, g, scale, draws[i], sample_scratch)
                                : draft_pick(row, vocab_limit, row_token, g, scale);
     out[i] = best;
     first += t;
@@ -1314,7 +1327,7 @@ at::Tensor draft_batch_native(const at::Tensor& tokens, const at::Tensor& positi
                      logits_out[b].scalar_type() == at::kFloat && logits_out[b].is_contiguous()),
                 "draft_batch: logits_out[b] is a contiguous float32 [ks[b], head rows] tensor");
   }
-  std::vector<float> sample_weights;
+  SampleScratch sample_scratch;
   const at::Tensor id_map = head_ids.contiguous();
   const int64_t* row_token = head_ids.numel() ? id_map.data_ptr<int64_t>() : nullptr;
   const auto ids = tokens.options();
@@ -1337,14 +1350,11 @@ at::Tensor draft_batch_native(const at::Tensor& tokens, const at::Tensor& positi
     for (int64_t b = 0; b < batch; ++b) {
       if (i >= k[b]) continue;
       const T* row = rows + b * vocab;
-      if (logits_out[b].numel()) {
-        float* kept = logits_out[b].data_ptr<float>() + i * vocab;
-        for (int64_t v = 0; v < vocab; ++v) kept[v] = static_cast<float>(row[v]);
-      }
+      if (logits_out[b].numel()) copy_as_float(row, vocab, logits_out[b].data_ptr<float>() + i * vocab);
       const float* g = noise[b].numel() ? noise[b].data_ptr<float>() + i * noise[b].size(1) : nullptr;
       const float scale = static_cast<float>(inverse_temperatures[b]);
       const int64_t best = uniforms[b].numel()
-          ? draft_sample(row, vocab_limit, row_token, g, scale, uniforms[b].data_ptr<double>()[i], sample_weights)
+          ? draft_sample(row, vocab_limit, row_token, g, scale, uniforms[b].data_ptr<double>()[i], sample_scratch)
           : draft_pick(row, vocab_limit, row_token, g, scale);
       out[b * k_max + i] = best;
       if (i + 1 < k[b]) {
