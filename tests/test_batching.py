@@ -333,12 +333,12 @@ def test_goodput_drafts_now_and_then_when_its_costs_keep_it_plain(engines, monke
 
 def test_a_new_request_starts_from_the_acceptance_measured_on_earlier_ones_of_its_kind(engines):
     scheduler = engines["related"].batch_scheduler(4)
-    scheduler._acceptance_by_kind.clear()
+    scheduler.acceptance_memory.counts.clear()
     first = scheduler.submit(mixed_prompts(1)[0], 40, SamplingParams(), 4)
     assert first.alpha == pytest.approx(2 / 3)  # nothing measured yet: the controller's prior
     while not scheduler.idle:
         scheduler.step()
-    accepts, rejects = scheduler._acceptance_by_kind[(True, False)]  # greedy requests
+    accepts, rejects = scheduler.acceptance_memory.counts[(True, False)]  # greedy requests
     assert first.stats.num_drafts > 0 and accepts + rejects > 0
     greedy = scheduler.submit(mixed_prompts(2)[1], 40, SamplingParams(), 4)
     assert greedy.alpha == pytest.approx(accepts / (accepts + rejects)) != pytest.approx(2 / 3)

@@ -199,3 +199,29 @@ def test_auto_gamma_decodes_plainly_when_no_draft_pays_and_drafts_now_and_then_t
     assert costly.next_gamma() >= 1
     assert GammaController("auto", 8, cost_hint=0.05).next_gamma() >= 1  # the prior α with a cheap draft
     assert GammaController(3, 8, 0.5, lambda gamma: 10.0).next_gamma() == 3  # a fixed γ is never overruled
+
+
+def test_a_request_starts_from_what_earlier_requests_of_its_kind_measured(text_pair):
+    """The engine remembers acceptance and draft cost per kind of request (greedy, coupled, rejection
+    rule); a new request's controller starts from them instead of the fixed prior. Only γ follows:
+    the second greedy request's text is the first's."""
+    from quickdraft.engine import AcceptanceMemory, GammaController
+
+    memory = AcceptanceMemory()
+    first = GammaController("auto", 8, 0.3, memory=memory, kind="greedy")
+    assert first.accepts / (first.accepts + first.rejects) == pytest.approx(2 / 3)  # nothing measured yet
+    for _ in range(20):
+        first.observe(4, 4, 0.001, 0.02)  # every draft accepted, a draft step 5% of a target step
+    second = GammaController("auto", 8, 0.3, memory=memory, kind="greedy")
+    assert second.accepts / (second.accepts + second.rejects) == pytest.approx(1.0)
+    assert second.cost == pytest.approx(first.cost) and first.cost < 0.1
+    assert second.next_gamma() == 8
+    other = GammaController("auto", 8, 0.3, memory=memory, kind="sampled")
+    assert other.accepts / (other.accepts + other.rejects) == pytest.approx(2 / 3) and other.cost == 0.3
+
+    engine = Engine(*text_pair)
+    texts = [engine.generate(PROMPT, 40, gamma="auto").text for _ in range(2)]
+    accepted, rejections = engine.acceptance_memory.counts[(True, False)]
+    assert accepted + rejections > 0 and (True, False) in engine.acceptance_memory.costs
+    assert texts[0] == texts[1]
+    assert (False, True) not in engine.acceptance_memory.counts  # no seeded sample yet

@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -42,6 +42,10 @@ CACHE_ROUNDING = 64
 
 # Steps decoded plainly, while auto γ expects no γ to pay, between two drafts that refresh α and c.
 PROBE_EVERY = 16
+# A new request's acceptance estimate starts from what earlier requests of its kind measured
+# (AcceptanceMemory), worth this many observations; the memory forgets slowly.
+PRIOR_WEIGHT = 3.0
+MEMORY_DECAY = 0.99
 
 
 class GammaController:
@@ -54,7 +58,8 @@ class GammaController:
     call has the same shape; compiled steps in row buckets make a 9-row call cost several 1-row ones)."""
 
     def __init__(self, gamma: int | str, max_gamma: int, cost_hint: float,
-                 verify_cost: Callable[[int], float] | None = None) -> None:
+                 verify_cost: Callable[[int], float] | None = None, memory: AcceptanceMemory | None = None,
+                 kind: Hashable = None) -> None:
         self.auto = gamma == "auto"
         if not self.auto:
             if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 0:
@@ -69,6 +74,9 @@ class GammaController:
         self.verify_cost = verify_cost or (lambda gamma: 1.0)
         self.decay = 0.9
         self.plain_steps = 0  # consecutive plain steps auto chose
+        self.memory, self.kind = memory, kind
+        if memory is not None:
+            memory.seed(self)
 
     def next_gamma(self) -> int:
         if not self.auto:
@@ -86,9 +94,45 @@ class GammaController:
         if drafted:
             self.accepts = self.decay * self.accepts + accepted
             self.rejects = self.decay * self.rejects + (1 if accepted < drafted else 0)
+            if self.memory is not None:
+                self.memory.count(self.kind, accepted, accepted < drafted)
         if drafter_seconds_per_call is not None and target_seconds:
             measured = drafter_seconds_per_call / (target_seconds / self.verify_cost(drafted))
             self.cost = 0.8 * self.cost + 0.2 * measured
+            if self.memory is not None:
+                self.memory.costs[self.kind] = self.cost
+
+
+def request_kind(sampling: SamplingParams) -> tuple[bool, bool]:
+    """Requests whose drafts are accepted alike: greedy, coupled sampling, rejection-rule sampling."""
+    return sampling.greedy, sampling.coupled
+
+
+class AcceptanceMemory:
+    """What earlier requests of a kind (greedy, coupled or rejection-rule sampling) measured with one
+    drafter: decayed counts of accepted drafted tokens and of rejections, and the last draft-step cost
+    ratio c. A new request's controller starts from them, the acceptance worth PRIOR_WEIGHT
+    observations, instead of the fixed prior (α = 2/3) and the drafter's cost hint, which were most of
+    a short request's life (32-token requests in a batch: goodput planned with the prior for most of
+    their steps, and chose plain decoding for a third of them). Only speed follows: every γ gives the
+    same output where outputs are promised (greedy in exact mode, coupled sampling)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[Hashable, list[float]] = {}  # kind -> decayed [accepted tokens, rejections]
+        self.costs: dict[Hashable, float] = {}  # kind -> the last controller's c
+
+    def count(self, kind: Hashable, accepted: int, rejected: bool) -> None:
+        counts = self.counts.setdefault(kind, [0.0, 0.0])
+        counts[0] = MEMORY_DECAY * counts[0] + accepted
+        counts[1] = MEMORY_DECAY * counts[1] + rejected
+
+    def seed(self, controller: GammaController) -> None:
+        counts = self.counts.get(controller.kind)
+        if counts is not None and sum(counts) > 0:
+            alpha = counts[0] / sum(counts)
+            controller.accepts, controller.rejects = PRIOR_WEIGHT * alpha, PRIOR_WEIGHT * (1 - alpha)
+        if controller.kind in self.costs:
+            controller.cost = self.costs[controller.kind]
 
 
 def expected_speedup(alpha: float, gamma: int, cost: float, verify_cost: float = 1.0) -> float:
@@ -153,6 +197,7 @@ class Engine:
         self.device = self.model.device
         self.max_gamma = max_gamma
         self.confidence_stop = confidence_stop
+        self.acceptance_memory = AcceptanceMemory()  # this engine's drafter, per kind of request
         block = self.target.config.block_size
         if context_length is not None and not 1 < context_length <= block:
             raise ContextLengthError(f"context_length {context_length} must be in 2..{block} (the model's maximum)")
@@ -312,7 +357,8 @@ class Engine:
         # γ is unused when trees speculate: any value passes.
         controller = GammaController(gamma if plan is None else "auto", self.max_gamma,
                                      drafter.relative_cost_hint if drafter else 0.0,
-                                     self._verify_cost)
+                                     self._verify_cost, self.acceptance_memory if drafter else None,
+                                     request_kind(sampling))
         stats = GenerationStats(prompt_tokens=len(prompt_ids), exact=self.exact, exact_rows=self.exact_rows,
                                 drafter=drafter.name if drafter else None)
         output = RequestOutput(self.decode, stop, self.eos_token_ids, max_new_tokens, prompt_ids, stats)

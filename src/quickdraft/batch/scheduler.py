@@ -43,7 +43,7 @@ from quickdraft.batch.prefill import PrefillChunk, grouping, prefill
 from quickdraft.batch.shapes import (MIN_WINDOW, all_shapes, invariant_shapes, row_bucket, slot_bucket, step_inputs,
                                      window_bucket)
 from quickdraft.drafters.base import Draft
-from quickdraft.engine import PROBE_EVERY, Engine, GammaController
+from quickdraft.engine import PROBE_EVERY, AcceptanceMemory, Engine, GammaController, request_kind
 from quickdraft.errors import QuickdraftError
 from quickdraft.measured_arms import MeasuredArms
 from quickdraft.output import RequestOutput, StreamEvent
@@ -70,12 +70,6 @@ MAX_PROBE_BACKOFF = 16
 # Only a drafting γ that goodput predicts within this fraction of plain's rate is probed: farther off,
 # estimates capped at COST_OUTLIER x cannot be what hides a gain (32 sequences: probes cost 1.6%).
 PROBE_WITHIN = 0.75
-# A new request's acceptance estimate starts from what this scheduler measured on earlier requests
-# of its kind (greedy, coupled or rejection-rule sampling), worth PRIOR_WEIGHT observations: the
-# controller's fixed prior (2/3) was most of a short request's life (32-token requests: goodput
-# planned with it for most of their steps, and chose plain decoding for a third of them).
-PRIOR_WEIGHT = 3.0
-POPULATION_DECAY = 0.99
 DRAFT_COST_PRIOR = 0.3  # a draft step's cost relative to a plain target step, until measured
 # The arms of the clock's check on goodput: its γ, or plain batched decoding.
 GOODPUT, PLAIN = "goodput", "plain"
@@ -120,11 +114,6 @@ def decayed(estimate: float | None, measured: float) -> float:
     if estimate is None:
         return measured
     return COST_DECAY * estimate + (1 - COST_DECAY) * min(measured, COST_OUTLIER * estimate)
-
-
-def acceptance_kind(sampling: SamplingParams, sampler: TokenSampler) -> tuple[bool, bool]:
-    """Requests whose drafts are accepted alike: greedy, coupled sampling, rejection sampling."""
-    return sampling.greedy, sampler.coupled
 
 
 def weighs_draft(request: BatchRequest) -> bool:
@@ -174,7 +163,7 @@ class BatchScheduler:
         # γ = 1-2 where plain decoding committed 1.25-1.35x more tokens per second. So each slot
         # bucket also measures goodput's steps against plain steps, and the faster runs.
         self._speculation_arms: dict[int, MeasuredArms] = {}
-        self._acceptance_by_kind: dict[tuple[bool, bool], list[float]] = {}  # kind -> decayed [accepts, rejects]
+        self.acceptance_memory = AcceptanceMemory()  # per kind of request, for a new request's estimate
         self._arm: tuple[int, str, float] | None = None  # (slot bucket, arm, goodput's predicted tokens/s)
         self._plain_streak = 0  # consecutive steps goodput chose plain decoding while drafts were possible
         self._probe_after = PROBE_EVERY  # plain choices before the next drafting probe (backs off)
@@ -208,18 +197,16 @@ class BatchScheduler:
         prompt_ids = engine.encode(prompt)
         engine.check_lengths(len(prompt_ids), max_new_tokens)
         adjuster = LogitAdjuster.for_request(sampling, engine.vocab_limit)
-        controller = GammaController(gamma, engine.max_gamma, 0.0)  # validates gamma
         drafter = self.drafter if gamma != 0 else None
+        # Validates gamma; starts from what earlier requests of its kind measured in this scheduler.
+        controller = GammaController(gamma, engine.max_gamma, 0.0, memory=self.acceptance_memory,
+                                     kind=request_kind(sampling))
         if drafter is None:
             controller = GammaController(0, engine.max_gamma, 0.0)
         stats = GenerationStats(prompt_tokens=len(prompt_ids), exact=engine.exact, exact_rows=self.max_rows,
                                 drafter=drafter.name if drafter is not None else None)
         output = RequestOutput(engine.decode, stop, engine.eos_token_ids, max_new_tokens, prompt_ids, stats)
         sampler = sampler_for(sampling)
-        population = self._acceptance_by_kind.get(acceptance_kind(sampling, sampler))
-        if population is not None and sum(population) > 0:
-            alpha = population[0] / sum(population)
-            controller.accepts, controller.rejects = PRIOR_WEIGHT * alpha, PRIOR_WEIGHT * (1 - alpha)
         request = BatchRequest(prompt_ids, max_new_tokens, sampling, output, controller, sampler, cancelled,
                                adjuster, tokens=list(prompt_ids))
         self.waiting.append(request)
@@ -517,10 +504,6 @@ class BatchScheduler:
         r.steps += 1
         r.drafted_total += len(draft.tokens)
         r.controller.observe(len(draft.tokens), n, None, None)
-        if draft.tokens:
-            population = self._acceptance_by_kind.setdefault(acceptance_kind(r.sampling, r.sampler), [0.0, 0.0])
-            population[0] = POPULATION_DECAY * population[0] + n
-            population[1] = POPULATION_DECAY * population[1] + (n < len(draft.tokens))
         stats = r.stats
         stats.record_step(len(draft.tokens), n)
         stats.target_seconds += target_seconds
