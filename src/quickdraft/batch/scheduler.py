@@ -408,7 +408,7 @@ class BatchScheduler:
             self._target_cost[key] = min(timings)
             self._planned_cost.pop(n_slots, None)
         planned = self._planned_cost.get(n_slots)
-        if planned is None or rows not in planned:  # once per step and slot count: goodput asks for every γ
+        if planned is None:  # once per step and slot count (a new measurement drops it): goodput asks for every γ
             measured = sorted((r, cost) for (s, r), cost in self._target_cost.items() if s == n_slots)
             planned, cheapest = {}, math.inf
             for r, cost in reversed(measured):

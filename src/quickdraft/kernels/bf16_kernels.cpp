@@ -1139,11 +1139,6 @@ int64_t draft_pick(const T* logits, int64_t vocab_limit, const int64_t* row_toke
   return row_token ? row_token[best] : best;
 }
 
-// A draft's token drawn from softmax(logit * scale + g) over [0, vocab_limit) by the inverse of its
-// cumulative distribution at u in [0, 1): the rejection rule's draw, whose q the caller recomputes
-// from the logits the call returns. g (indexed by token id) may be null; row_token as in draft_pick.
-// The weights e^(score - max) are summed a block at a time in token order, then the block that holds
-// u * total is scanned token by token.
 // A drafted step's logits row kept for the caller (the rejection rule needs its q), in float32.
 template <typename T>
 inline void copy_as_float(const T* row, int64_t n, float* out) {
@@ -1156,6 +1151,11 @@ struct SampleScratch {
   std::vector<double> block_sums;
 };
 
+// A draft's token drawn from softmax(logit * scale + g) over [0, vocab_limit) by the inverse of its
+// cumulative distribution at u in [0, 1): the rejection rule's draw, whose q the caller recomputes
+// from the logits the call returns. g (indexed by token id) may be null; row_token as in draft_pick.
+// The weights e^(score - max) are summed a block at a time in token order, then the block that holds
+// u * total is scanned token by token.
 template <typename T>
 int64_t draft_sample(const T* logits, int64_t vocab_limit, const int64_t* row_token, const float* g, float scale,
                      double u, SampleScratch& scratch) {
