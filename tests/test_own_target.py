@@ -78,8 +78,19 @@ def gpt2_target(tmp_path_factory: pytest.TempPathFactory, text_dir: Path) -> Pat
 @pytest.fixture(scope="module")
 def self_draft_dir(gpt2_target: Path, text_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("self_draft")
+    code = cli_main(["train", "self-draft", "--kind", "exit", "--target", str(gpt2_target), "--data", str(text_dir),
+                     "--out", str(out), "--head-tokens", "48", "--max-steps", "60", "--lr", "3e-3", "--generations", "8",
+                     *LOOP_FLAGS])
+    assert code == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def feature_draft_dir(gpt2_target: Path, text_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("feature_draft")
     code = cli_main(["train", "self-draft", "--target", str(gpt2_target), "--data", str(text_dir), "--out", str(out),
-                     "--head-tokens", "48", "--max-steps", "60", "--lr", "3e-3", "--generations", "8", *LOOP_FLAGS])
+                     "--head-tokens", "48", "--mlp-size", "64", "--max-steps", "150", "--lr", "3e-3",
+                     "--generations", "8", *LOOP_FLAGS])
     assert code == 0
     return out
 
@@ -112,7 +123,8 @@ def test_self_draft_trains_further_from_a_saved_one_on_sampled_text_with_the_tv_
         gpt2_target: Path, text_dir: Path, self_draft_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "further"
     code = cli_main(["train", "self-draft", "--target", str(gpt2_target), "--data", str(text_dir), "--out", str(out),
-                     "--init-from", str(self_draft_dir), "--max-steps", "20", "--lr", "1e-3", "--generations", "8",
+                     "--kind", "exit", "--init-from", str(self_draft_dir), "--max-steps", "20", "--lr", "1e-3",
+                     "--generations", "8",
                      "--sampled-generations", "8", "--tv-weight", "1", *LOOP_FLAGS])
     assert code == 0
     saved = json.loads((self_draft_dir / "summary.json").read_text())
@@ -138,6 +150,36 @@ def test_self_draft_greedy_is_bit_identical_to_plain_decoding(gpt2_target: Path,
     assert [r.token_ids for r in engine.generate_batch(PROMPTS, 48, gamma=3)] == plain
     stats = engine.generate(PROMPTS[0], 48, gamma=3, tree=False).stats
     assert stats.drafted > 0 and stats.accepted > 0  # a trained self-draft gets tokens accepted
+
+
+def test_a_feature_draft_trains_for_any_target_by_default_and_keeps_greedy_exact(gpt2_target: Path,
+                                                                                  feature_draft_dir: Path) -> None:
+    summary = json.loads((feature_draft_dir / "summary.json").read_text())
+    # agreement with the target's argmax, from true features and from its own: the initialisation, then trained
+    assert summary["val_agree_true"] > summary["initial_val_agree_true"] + 0.05, summary
+    assert summary["val_agree_own"] > summary["initial_val_agree_own"] + 0.05, summary
+    meta = json.loads((feature_draft_dir / CONFIG_FILE).read_text())
+    assert (meta["format"], meta["head_tokens"], meta["mlp_size"]) == ("quickdraft-feature-draft", 48, 64)
+    engine = Engine(gpt2_target, f"self:{feature_draft_dir}", exact=True)  # GPT-2: the per-op path throughout
+    assert engine.drafter is not None and engine.drafter.name == "feature-draft"
+    plain = _greedy_outputs(engine, gamma=0)
+    for gamma in (1, 3, "auto"):
+        assert _greedy_outputs(engine, gamma=gamma, tree=False) == plain, gamma
+    assert [r.token_ids for r in engine.generate_batch(PROMPTS, 48, gamma=3)] == plain
+    stats = engine.generate(PROMPTS[0], 48, gamma=3, tree=False).stats
+    assert stats.accepted > stats.drafted / 4  # a trained feature draft gets its tokens accepted
+
+
+def test_a_feature_draft_trains_further_from_a_saved_one(gpt2_target: Path, text_dir: Path, feature_draft_dir: Path,
+                                                         tmp_path: Path) -> None:
+    out = tmp_path / "further"
+    code = cli_main(["train", "self-draft", "--target", str(gpt2_target), "--data", str(text_dir), "--out", str(out),
+                     "--init-from", str(feature_draft_dir), "--max-steps", "5", "--generations", "8", *LOOP_FLAGS])
+    assert code == 0
+    saved = json.loads((feature_draft_dir / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["initial_val_agree_true"] == pytest.approx(saved["val_agree_true"], abs=1e-6)
+    assert (summary["head_tokens"], summary["mlp_size"]) == (48, 64)
 
 
 def test_a_draft_trained_for_any_target_loads_everywhere_and_keeps_greedy_exact(gpt2_target: Path,

@@ -247,6 +247,38 @@ def test_self_draft_sampling_matches_target_distribution(pair, gpt2_target, arch
     assert min(p_values.values()) > ALPHA, p_values
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("arch,rule,temperature,top_k,top_p,path", [
+    ("llama", "rejection", 1.0, 0, 1.0, "single"), ("llama", "coupled", 0.8, 5, 0.9, "single"),
+    ("gpt2", "rejection", 0.8, 0, 0.9, "batched")])
+def test_feature_draft_sampling_matches_target_distribution(pair, gpt2_target, arch, rule, temperature, top_k, top_p,
+                                                            path, tmp_path):
+    """A feature draft (one perturbed layer on the target's features, a head over 8 of the 12
+    tokens): its drafts are drawn from its own features after the first, and the tokens outside its
+    head still come out through the target."""
+    from quickdraft.model.feature_draft import FeatureDraftModule, FeatureDraftShape, save_feature_draft
+
+    target = pair[0] if arch == "llama" else gpt2_target
+    module = FeatureDraftModule.initialised_from(target.model, FeatureDraftShape(8, 16),
+                                                 torch.tensor([0, 1, 2, 3, 5, 6, 8, 9]))
+    generator = torch.Generator().manual_seed(6)
+    with torch.no_grad():
+        for p in module.layers.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.3 * p.std())
+    save_feature_draft(module, target.config, tmp_path / "feature_draft")
+    params = SamplingParams(temperature, top_k, top_p, rule=rule)
+    engine = Engine(target, f"self:{tmp_path / 'feature_draft'}", exact=False)
+    assert engine.drafter is not None and engine.drafter.name == "feature-draft"
+    if path == "batched":
+        samples = batched_samples(engine, [(params, 3)], N_SAMPLES_MULTI_LAYER)[0]
+    else:
+        samples = speculative_samples(engine, params, 3, N_SAMPLES_MULTI_LAYER)
+    assert engine.generate(PROMPT, 16, SamplingParams(1.0, seed=0), gamma=3).stats.accepted > 0
+    assert np.isin(samples, [4, 7, 10, 11]).any()
+    p_values = fit_p_values(samples, exact_joint(target, params))
+    assert min(p_values.values()) > ALPHA, p_values
+
+
 def test_chi_square_detects_a_verifier_that_accepts_every_draft(bigram_pair, monkeypatch):
     """The test has power: accepting every draft token yields the drafter's distribution, and
     the same goodness-of-fit check rejects it."""

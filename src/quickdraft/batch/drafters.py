@@ -19,6 +19,7 @@ from quickdraft.drafters.draft_model import (CATCH_UP_AFTER, DraftModelDrafter, 
                                              draws_natively, drawn_distribution, native_chain, native_draft_noise,
                                              native_draw_inputs, races_natively)
 from quickdraft.drafters.early_exit import EarlyExitDrafter
+from quickdraft.drafters.feature_draft import FeatureDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.batch.prefill import PrefillChunk, grouping, prefill
 from quickdraft.batch.shapes import step_inputs, window_bucket
@@ -345,6 +346,41 @@ class BatchedPromptLookup(BatchDrafter):
         self.per_slot[destination] = self.per_slot[source]
 
 
+class BatchedFeatureDraft(BatchDrafter):
+    """The feature draft, one sequence after another: a drafter per slot over the shared module, each
+    reading its sequence's features from the batch's target cache. Correct, not yet batched: its
+    forwards are not grouped into [S, T] calls as the draft model's are."""
+
+    name = "feature-draft"
+
+    def __init__(self, drafter: FeatureDrafter, target_cache: KVCache, max_batch: int, capacity: int,
+                 vocab_limit: int) -> None:
+        self.template, self.capacity, self.vocab_limit = drafter, capacity, vocab_limit
+        self.features = target_cache.keep_features(drafter.n_embd)  # before any prefill writes the cache
+        self.per_slot: list[FeatureDrafter | None] = [None] * max_batch
+
+    def begin(self, admitted: list[tuple[int, list[int]]]) -> None:
+        for slot, _ in admitted:
+            drafter = self.per_slot[slot] or self.template.sharing_weights()
+            drafter.follow(self.features[slot], self.capacity, self.vocab_limit, None)
+            self.per_slot[slot] = drafter
+
+    def propose(self, requests: list[DraftRequest], n_slots: int) -> list[Draft]:
+        out = []
+        for r in requests:
+            drafter = self.per_slot[r.slot]
+            assert drafter is not None
+            drafter.adjuster = r.adjuster
+            out.append(drafter.propose(r.tokens, r.k, r.sampling, r.sampler) if r.k > 0 else Draft([], None))
+        return out
+
+    def move(self, source: int, destination: int) -> None:
+        moved = self.per_slot[source]
+        self.per_slot[source], self.per_slot[destination] = self.per_slot[destination], moved
+        if moved is not None:
+            moved.target_features = self.features[destination]
+
+
 def batch_drafter(drafter: Drafter | None, target: Transformer, target_cache: KVCache, max_batch: int,
                   capacity: int, vocab_limit: int) -> BatchDrafter | None:
     if drafter is None:
@@ -355,5 +391,7 @@ def batch_drafter(drafter: Drafter | None, target: Transformer, target_cache: KV
         return BatchedEarlyExit(drafter, target, target_cache, capacity, vocab_limit)
     if isinstance(drafter, PromptLookupDrafter):
         return BatchedPromptLookup(drafter, max_batch)
-    raise QuickdraftError(f"batched decoding supports the draft model, early exit and prompt lookup drafters, "
+    if isinstance(drafter, FeatureDrafter):
+        return BatchedFeatureDraft(drafter, target_cache, max_batch, capacity, vocab_limit)
+    raise QuickdraftError(f"batched decoding supports the draft model, self-draft, early exit and prompt lookup drafters, "
                           f"not {type(drafter).__name__}")

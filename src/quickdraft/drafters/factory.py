@@ -1,5 +1,6 @@
 """Turn a user's drafter spec into a Drafter: a path or hub id (draft model), "early-exit[:L]",
-"self[:PATH]" (a trained self-draft, by default at TARGET/self_draft), "prompt-lookup[:n]", a
+"self[:PATH]" (a trained self-draft, by default at TARGET/self_draft: an exit adapter or a
+feature draft), "prompt-lookup[:n]", a
 LoadedModel, or a Drafter instance."""
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from quickdraft.drafters.base import Drafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.early_exit import EarlyExitDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
-from quickdraft.drafters.self_draft import SelfDraftDrafter
+from quickdraft.drafters.feature_draft import FeatureDrafter
+from quickdraft.drafters.self_draft import SelfDraftDrafter, default_self_draft_path
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.config import EARLY_EXIT_CONFIG_KEY
+from quickdraft.model.feature_draft import FORMAT as FEATURE_DRAFT_FORMAT
+from quickdraft.model.feature_draft import saved_format
 from quickdraft.model.loader import LoadedModel, load_model
 
 
@@ -74,7 +78,10 @@ def make_drafter(
         layer = _parse_int(text, arg) if arg else default_exit_layer(target)
         return EarlyExitDrafter(layer, target.config.n_layer)
     if name == "self":
-        return SelfDraftDrafter(target, arg or None)
+        path = Path(arg) if arg else default_self_draft_path(target)
+        if saved_format(path) == FEATURE_DRAFT_FORMAT:
+            return FeatureDrafter(target, path)
+        return SelfDraftDrafter(target, path)
     if name == "prompt-lookup":
         return PromptLookupDrafter(max_ngram=_parse_int(text, arg)) if arg else PromptLookupDrafter()
     drafter = DraftModelDrafter(load_model(spec, dtype=dtype, device=device), compile=compile)

@@ -234,15 +234,26 @@ def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
     return torch.ops.quickdraft.rms_norm_bf16(x, weight, eps)
 
 
+_NO_TENSOR = torch.empty(0)  # an optional tensor argument left out
+
+
 def forward(tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
             cos: torch.Tensor, signed_sin: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
             weights: list[torch.Tensor], n_layers: int, n_head: int, n_kv: int, head_dim: int,
-            intermediate: int, vocab: int, eps: float, logits_rows: int) -> torch.Tensor:
+            intermediate: int, vocab: int, eps: float, logits_rows: int, input_features: torch.Tensor | None = None,
+            feature_proj: torch.Tensor | None = None, features_out: torch.Tensor | None = None) -> torch.Tensor:
     """A Llama-family forward over a step's rows in one call, bf16 or fp32 after the weights' dtype
     (see ``model/native.py``): -> logits of the last ``logits_rows`` rows of each sequence
-    [B, logits_rows, vocab] (0 for a prefill, which only writes the cache)."""
+    [B, logits_rows, vocab] (0 for a prefill, which only writes the cache). ``input_features``
+    [B * T, E], projected by ``feature_proj`` (packed E -> E), are added to the rows' embeddings;
+    ``features_out`` [B, slots, E] receives each row's residual stream after the last layer run at
+    its slot (a feature draft's inputs and outputs)."""
+    none = _NO_TENSOR
     return torch.ops.quickdraft.forward(tokens, positions, slots, mask, cos, signed_sin, keys, values, weights,
-                                        n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, logits_rows)
+                                        n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, logits_rows,
+                                        none if input_features is None else input_features,
+                                        none if feature_proj is None else feature_proj,
+                                        none if features_out is None else features_out)
 
 
 def draft_greedy(tokens: torch.Tensor, start: int, k: int, vocab_limit: int, cos: torch.Tensor,
@@ -250,21 +261,27 @@ def draft_greedy(tokens: torch.Tensor, start: int, k: int, vocab_limit: int, cos
                  weights: list[torch.Tensor], n_layers: int, n_head: int, n_kv: int, head_dim: int,
                  intermediate: int, vocab: int, eps: float, head_ids: torch.Tensor | None = None,
                  gumbel: torch.Tensor | None = None, temperature: float = 1.0, uniforms: torch.Tensor | None = None,
-                 logits_out: torch.Tensor | None = None) -> torch.Tensor:
+                 logits_out: torch.Tensor | None = None, input_features: torch.Tensor | None = None,
+                 feature_proj: torch.Tensor | None = None, features_out: torch.Tensor | None = None) -> torch.Tensor:
     """Feed tokens [1, T] after ``start`` cached tokens, then draft ``k`` tokens greedily in one call
     (``forward``'s steps, the argmax of each fed back): -> int64 [k]. ``head_ids`` [vocab] maps the
     head's rows to token ids when the head covers a subset of the vocabulary. ``gumbel`` [k, V]
     (float32, by token id) makes each step a Gumbel-max draw at ``temperature`` instead. ``uniforms``
     [k] (float64 in [0, 1)) makes each step an inverse-CDF draw from softmax(logit / temperature +
     gumbel), ``gumbel`` then an additive bias. ``logits_out`` [k, vocab] (float32) receives each
-    step's logits."""
+    step's logits. A feature draft passes ``forward``'s ``input_features`` (of the fed tokens),
+    ``feature_proj`` and ``features_out``: each drafted token is fed with its step's feature."""
     ids = torch.empty(0, dtype=torch.long) if head_ids is None else head_ids
+    none = _NO_TENSOR
     noise = torch.empty(0, 0) if gumbel is None else gumbel
     scale = 1.0 if gumbel is None and uniforms is None else 1.0 / temperature
     return torch.ops.quickdraft.draft_greedy(tokens, start, k, vocab_limit, cos, signed_sin, keys, values, weights,
                                              n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, ids, noise,
                                              scale, torch.empty(0, dtype=torch.float64) if uniforms is None else uniforms,
-                                             torch.empty(0, 0) if logits_out is None else logits_out)
+                                             torch.empty(0, 0) if logits_out is None else logits_out,
+                                             none if input_features is None else input_features,
+                                             none if feature_proj is None else feature_proj,
+                                             none if features_out is None else features_out)
 
 
 def draft_batch(tokens: torch.Tensor, positions: torch.Tensor, ks: list[int], window: int, vocab_limit: int,

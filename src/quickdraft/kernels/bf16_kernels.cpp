@@ -956,12 +956,17 @@ at::Tensor rms_norm_bf16(const at::Tensor& x, const at::Tensor& weight, double e
 // weights: embed [V, E]; per layer: attn_norm [E], qkv (packed), qkv_bias (fp32, or empty),
 // out (packed), mlp_norm [E], up (packed, gate then up), down (packed) (all three empty: a layer without
 // an MLP); then norm [E], head (packed).
+// Features (a feature draft's, model/feature_draft.py), each empty when unused: input_features [B * T, E]
+// (the weights' dtype) are projected by feature_proj (packed, E -> E) and added to the rows' embeddings;
+// features_out [B, slots, E] receives each row's residual stream after the last layer run (before the
+// final norm) at the row's cache slot, as the cache receives its key and value.
 template <typename T>
 at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,
                         const at::Tensor& mask, const at::Tensor& cos, const at::Tensor& signed_sin,
                         at::TensorList keys, at::TensorList values, at::TensorList weights, int64_t n_layers,
                         int64_t n_head, int64_t n_kv, int64_t head_dim, int64_t intermediate, int64_t vocab,
-                        double eps, int64_t logits_rows) {
+                        double eps, int64_t logits_rows, const at::Tensor& input_features,
+                        const at::Tensor& feature_proj, const at::Tensor& features_out) {
   constexpr int64_t kPerLayer = 7;
   const int64_t batch = tokens.size(0), t = tokens.size(1), m = batch * t;
   const at::Tensor& embed = weights[0];
@@ -992,12 +997,21 @@ at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions,
     TORCH_CHECK(tok[r] >= 0 && tok[r] < embed.size(0), "forward: token id out of range");
     std::copy(emb + tok[r] * e, emb + (tok[r] + 1) * e, h + r * e);
   }
-  const auto* cs = cos.data_ptr<T>();
-  const auto* sn = signed_sin.data_ptr<T>();
   const auto add_into_residual = [&](const T* y) {
     for (int64_t i = 0; i < m * e; i += kLanes)
       Simd::store(h + i, m * e - i, Simd::add(Simd::load(h + i, m * e - i), Simd::load(y + i, m * e - i)));
   };
+  if (input_features.numel()) {
+    TORCH_CHECK(input_features.dim() == 2 && input_features.size(0) == m && input_features.size(1) == e &&
+                input_features.scalar_type() == embed.scalar_type() && input_features.is_contiguous(),
+                "forward: input_features is a contiguous [rows, E] tensor of the weights' dtype");
+    check_packed_for(h, feature_proj, e, e);
+    at::Tensor projected_features = at::empty({m, e}, opts);
+    linear_rows(input_features.data_ptr<T>(), m, feature_proj, nullptr, e, projected_features.data_ptr<T>());
+    add_into_residual(projected_features.data_ptr<T>());
+  }
+  const auto* cs = cos.data_ptr<T>();
+  const auto* sn = signed_sin.data_ptr<T>();
   for (int64_t layer = 0; layer < n_layers; ++layer) {
     const at::Tensor* w = &weights[1 + kPerLayer * layer];
     rms_norm_rows(h, m, e, w[0].data_ptr<T>(), static_cast<float>(eps), xn);
@@ -1051,6 +1065,17 @@ at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions,
     linear_rows(hid, m, w[6], nullptr, e, proj);
     add_into_residual(proj);
   }
+  if (features_out.numel()) {
+    TORCH_CHECK(features_out.dim() == 3 && features_out.size(0) >= batch && features_out.size(2) == e &&
+                features_out.scalar_type() == embed.scalar_type() && features_out.stride(2) == 1,
+                "forward: features_out is a [B, slots, E] tensor of the weights' dtype");
+    T* f = features_out.data_ptr<T>();
+    const int64_t f0 = features_out.stride(0), f1 = features_out.stride(1);
+    for (int64_t r = 0; r < m; ++r) {
+      TORCH_CHECK(slot[r] < features_out.size(1), "forward: a slot past features_out");
+      std::copy(h + r * e, h + (r + 1) * e, f + (r / t) * f0 + slot[r] * f1);
+    }
+  }
   // The head only for the rows asked for (the last logits_rows of each sequence): a prefill needs
   // none, and the head is the largest product of a small model (8,192 x 384 for the embedded one).
   const at::Tensor* tail = &weights[1 + kPerLayer * keys.size()];
@@ -1078,10 +1103,12 @@ at::Tensor by_weight_dtype(const char* op, const at::Tensor& weight, const at::T
 at::Tensor forward(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,
                    const at::Tensor& mask, const at::Tensor& cos, const at::Tensor& signed_sin, at::TensorList keys,
                    at::TensorList values, at::TensorList weights, int64_t n_layers, int64_t n_head, int64_t n_kv,
-                   int64_t head_dim, int64_t intermediate, int64_t vocab, double eps, int64_t logits_rows) {
+                   int64_t head_dim, int64_t intermediate, int64_t vocab, double eps, int64_t logits_rows,
+                   const at::Tensor& input_features, const at::Tensor& feature_proj, const at::Tensor& features_out) {
   return by_weight_dtype("forward", weights[0], cos, [&](auto element) {
     return forward_native<decltype(element)>(tokens, positions, slots, mask, cos, signed_sin, keys, values, weights,
-                                             n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, logits_rows);
+                                             n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, logits_rows,
+                                             input_features, feature_proj, features_out);
   });
 }
 
@@ -1220,13 +1247,19 @@ int64_t draft_sample(const T* logits, int64_t vocab_limit, const int64_t* row_to
 // uniforms, when not empty ([k] float64 in [0, 1)), draws each token from softmax(logit * inverse_temperature
 // + gumbel) instead (draft_sample; gumbel then only adds a bias, e.g. penalties): the rejection rule's draw.
 // logits_out, when not empty ([k, head rows] float32), receives each step's logits.
+// A feature draft (forward's features) passes input_features [T, E] for the fed tokens, feature_proj and
+// features_out [1, slots, E]: each drafted token is then fed with the feature its step computed.
 template <typename T>
 at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t k, int64_t vocab_limit,
                                const at::Tensor& cos, const at::Tensor& signed_sin, at::TensorList keys,
                                at::TensorList values, at::TensorList weights, int64_t n_layers, int64_t n_head,
                                int64_t n_kv, int64_t head_dim, int64_t intermediate, int64_t vocab, double eps,
                                const at::Tensor& head_ids, const at::Tensor& gumbel, double inverse_temperature,
-                               const at::Tensor& uniforms, const at::Tensor& logits_out) {
+                               const at::Tensor& uniforms, const at::Tensor& logits_out,
+                               const at::Tensor& input_features, const at::Tensor& feature_proj,
+                               const at::Tensor& features_out) {
+  TORCH_CHECK(input_features.numel() == 0 || features_out.numel() > 0,
+              "draft_greedy: a feature draft writes the features it feeds back to features_out");
   TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == 1 && tokens.size(1) >= 1 && k >= 1 && vocab_limit >= 1 &&
               vocab_limit <= vocab, "draft_greedy: one sequence of at least one token, k >= 1, a vocabulary limit");
   TORCH_CHECK(head_ids.numel() == 0 || (head_ids.numel() == vocab && head_ids.scalar_type() == at::kLong),
@@ -1251,6 +1284,7 @@ at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t 
   auto* out = drafted.data_ptr<int64_t>();
   const auto ids = tokens.options();
   at::Tensor feed = tokens.contiguous();
+  at::Tensor feed_features = input_features;
   int64_t first = start;
   for (int64_t i = 0; i < k; ++i) {
     const int64_t t = feed.size(1);
@@ -1258,7 +1292,9 @@ at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t 
     at::Tensor mask = at::ones({1, t, first + t}, ids.dtype(at::kBool));
     if (t > 1) mask = mask.tril(first);  // row j sees slots [0, first + j]
     const at::Tensor logits = forward_native<T>(feed, positions, positions, mask, cos, signed_sin, keys, values,
-                                                weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, 1);
+                                                weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, 1,
+                                                feed_features, feature_proj, features_out);
+    if (feed_features.numel()) feed_features = features_out[0].narrow(0, first + t - 1, 1);
     const T* row = logits.data_ptr<T>();
     if (logits_rows) copy_as_float(row, vocab, logits_rows + i * vocab);
     const float* g = noise_rows ? noise_rows + i * noise.size(1) : nullptr;
@@ -1276,11 +1312,13 @@ at::Tensor draft_greedy(const at::Tensor& tokens, int64_t start, int64_t k, int6
                         at::TensorList weights, int64_t n_layers, int64_t n_head, int64_t n_kv, int64_t head_dim,
                         int64_t intermediate, int64_t vocab, double eps, const at::Tensor& head_ids,
                         const at::Tensor& gumbel, double inverse_temperature, const at::Tensor& uniforms,
-                        const at::Tensor& logits_out) {
+                        const at::Tensor& logits_out, const at::Tensor& input_features, const at::Tensor& feature_proj,
+                        const at::Tensor& features_out) {
   return by_weight_dtype("draft_greedy", weights[0], cos, [&](auto element) {
     return draft_greedy_native<decltype(element)>(tokens, start, k, vocab_limit, cos, signed_sin, keys, values,
                                                   weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps,
-                                                  head_ids, gumbel, inverse_temperature, uniforms, logits_out);
+                                                  head_ids, gumbel, inverse_temperature, uniforms, logits_out,
+                                                  input_features, feature_proj, features_out);
   });
 }
 
@@ -1335,13 +1373,15 @@ at::Tensor draft_batch_native(const at::Tensor& tokens, const at::Tensor& positi
   auto* out = drafted.data_ptr<int64_t>();
   at::Tensor feed = tokens.contiguous(), at_positions = positions.contiguous();
   const at::Tensor cache_slots = at::arange(window, ids).view({1, 1, window});
+  const at::Tensor no_features = at::empty({0}, weights[0].options());
   std::vector<int64_t> last_position(batch);
   const auto* first_positions = at_positions.data_ptr<int64_t>();
   for (int64_t b = 0; b < batch; ++b) last_position[b] = first_positions[(b + 1) * tokens.size(1) - 1];
   for (int64_t i = 0; i < k_max; ++i) {
     const at::Tensor mask = (cache_slots <= at_positions.unsqueeze(2)).contiguous();  // causal over the window
     const at::Tensor logits = forward_native<T>(feed, at_positions, at_positions, mask, cos, signed_sin, keys, values,
-                                                weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, 1);
+                                                weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, 1,
+                                                no_features, no_features, no_features);
     const T* rows = logits.data_ptr<T>();
     at::Tensor next = at::zeros({batch, 1}, ids), next_positions = at::full({batch, 1}, capacity - 1, ids);
     auto* next_token = next.data_ptr<int64_t>();
@@ -1604,11 +1644,13 @@ TORCH_LIBRARY(quickdraft, m) {
   m.def("rms_norm_bf16(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("forward(Tensor tokens, Tensor positions, Tensor slots, Tensor mask, Tensor cos, Tensor signed_sin, "
         "Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, int n_kv, int head_dim, "
-        "int intermediate, int vocab, float eps, int logits_rows) -> Tensor");
+        "int intermediate, int vocab, float eps, int logits_rows, Tensor input_features, Tensor feature_proj, "
+        "Tensor(c!) features_out) -> Tensor");
   m.def("draft_greedy(Tensor tokens, int start, int k, int vocab_limit, Tensor cos, Tensor signed_sin, "
         "Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, int n_kv, int head_dim, "
         "int intermediate, int vocab, float eps, Tensor head_ids, Tensor gumbel, float inverse_temperature, "
-        "Tensor uniforms, Tensor(c!) logits_out) -> Tensor");
+        "Tensor uniforms, Tensor(c!) logits_out, Tensor input_features, Tensor feature_proj, "
+        "Tensor(d!) features_out) -> Tensor");
   m.def("draft_batch(Tensor tokens, Tensor positions, Tensor ks, int window, int vocab_limit, Tensor cos, "
         "Tensor signed_sin, Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, "
         "int n_kv, int head_dim, int intermediate, int vocab, float eps, Tensor head_ids, Tensor[] gumbel, "

@@ -26,13 +26,25 @@ class KVCache:
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
         self.capacity = capacity
         self.length = 0  # committed tokens; slots [0, length) are valid
+        # [batch, slots, n_embd] once ``keep_features``: each row's residual stream after the model's
+        # last layer, at its slot (what a feature draft drafts from), written by every full forward
+        self.features: torch.Tensor | None = None
         # The layers' views per batch-entry slice, made once (_view): a batched step asks for one
         # every step, and 2 x n_layer tensor slices cost more than the rest of its Python.
         self._views: dict[tuple[int, int], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+        kept = [] if self.features is None else [self.features]
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values, *kept))
+
+    def keep_features(self, n_embd: int) -> torch.Tensor:
+        """Keep, from now on, every row's last residual stream at its slot (``features``)."""
+        keys = self.keys[0]
+        if self.features is None or self.features.shape[-1] != n_embd:
+            self.features = torch.zeros(keys.shape[0], self.capacity, n_embd, dtype=keys.dtype, device=keys.device)
+            self._views.clear()
+        return self.features
 
     def rollback(self, n: int) -> None:
         """Forget the last ``n`` committed tokens, in O(1)."""
@@ -67,9 +79,10 @@ class KVCache:
     def _view(self, entries: slice) -> KVCache:
         key = (entries.start, entries.stop)
         if key not in self._views:
-            self._views[key] = ([k[entries] for k in self.keys], [v[entries] for v in self.values])
+            self._views[key] = ([k[entries] for k in self.keys], [v[entries] for v in self.values],
+                                None if self.features is None else self.features[entries])
         view = KVCache.__new__(KVCache)
-        view.keys, view.values = self._views[key]
+        view.keys, view.values, view.features = self._views[key]
         view.capacity, view.length, view._views = self.capacity, 0, {}
         return view
 
@@ -80,6 +93,8 @@ class KVCache:
         for tensors in (self.keys, self.values):
             for t in tensors:
                 t[destination, :, :length].copy_(t[source, :, :length])
+        if self.features is not None:
+            self.features[destination, :length].copy_(self.features[source, :length])
 
     def compact(self, sources: list[int], destination: int) -> None:
         """Copy the keys and values at slots ``sources`` to the consecutive slots from ``destination``
@@ -90,3 +105,5 @@ class KVCache:
         for tensors in (self.keys, self.values):
             for t in tensors:
                 t[:, :, destination : destination + len(sources)] = t.index_select(2, index)
+        if self.features is not None:
+            self.features[:, destination : destination + len(sources)] = self.features.index_select(1, index)

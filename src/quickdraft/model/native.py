@@ -61,16 +61,21 @@ class NativeForward:
             return False
         block = model.layers[0]
         return (not c.is_gpt2 and c.activation == "silu" and c.sliding_window is None and c.head_dim % 2 == 0
-                and c.head_dim <= 256 and isinstance(model.norm, RMSNorm)
-                and block.attn.out.bias is None and block.mlp.up.bias is None and block.mlp.down.bias is None)
+                and c.head_dim <= 256 and isinstance(model.norm, RMSNorm) and block.attn.out.bias is None
+                and (block.mlp is None or (block.mlp.up.bias is None and block.mlp.down.bias is None)))
 
     @staticmethod
     def supports(model: Transformer) -> bool:
         """``covers`` the model, and ``pack_products`` packed every weight it reads."""
         block = model.layers[0] if len(model.layers) else None
+        products = [] if block is None else [block.attn.qkv, block.attn.out]
+        if block is not None and block.mlp is not None:
+            products += [block.mlp.up, block.mlp.down]
+        feature_proj = getattr(model, "fuse_feature", None)  # a feature draft's (model/feature_draft.py)
+        if feature_proj is not None:
+            products.append(feature_proj)
         return (NativeForward.covers(model) and block is not None and packed(model.lm_head) is not None
-                and all(packed(layer) is not None for layer in (block.attn.qkv, block.attn.out, block.mlp.up,
-                                                                block.mlp.down)))
+                and all(packed(layer) is not None for layer in products))
 
     def _cache_inputs(self, cache: KVCache, batch: int, positions_end: int) -> tuple[torch.Tensor, ...]:
         """The RoPE tables, covering positions [0, positions_end), and the keys and values of the
@@ -81,20 +86,29 @@ class NativeForward:
         return cos, signed_sin, entries.keys, entries.values
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
-                 cache: KVCache, n_layers: int | None = None, logits_rows: int | None = None) -> torch.Tensor:
+                 cache: KVCache, n_layers: int | None = None, logits_rows: int | None = None,
+                 input_features: torch.Tensor | None = None, feature_proj: torch.Tensor | None = None) -> torch.Tensor:
         """tokens, positions (RoPE), slots (cache slot per row): [B, T] on the first B cache entries;
         mask [B or 1, T, W] bool over cache slots [0, W) -> logits [B, T, vocab], or of each
-        sequence's last ``logits_rows`` rows (0: a prefill, cache writes only)."""
+        sequence's last ``logits_rows`` rows (0: a prefill, cache writes only). A full forward writes
+        the rows' last residual streams to ``cache.features`` when the cache keeps them;
+        ``input_features`` [B * T, E] (projected by the packed ``feature_proj``) are added to the
+        rows' embeddings (a feature draft)."""
+        full = n_layers is None or n_layers == self.model.config.n_layer
+        if input_features is not None and feature_proj is None:
+            feature_proj = packed(self.model.fuse_feature)
         logits = kernels.forward(
             tokens.contiguous(), positions.contiguous(), slots.contiguous(), mask.contiguous(),
             *self._cache_inputs(cache, tokens.shape[0], int(positions.max()) + 1), self.weights,
             self.model.config.n_layer if n_layers is None else n_layers, *self.shape, self.eps,
-            tokens.shape[1] if logits_rows is None else logits_rows)
+            tokens.shape[1] if logits_rows is None else logits_rows, input_features, feature_proj,
+            cache.features if full else None)
         return self.model.full_vocabulary(logits)
 
     def draft_greedy(self, tokens: list[int], k: int, vocab_limit: int, cache: KVCache,
                      gumbel: torch.Tensor | None = None, temperature: float = 1.0,
-                     uniforms: torch.Tensor | None = None, logits_out: torch.Tensor | None = None) -> list[int]:
+                     uniforms: torch.Tensor | None = None, logits_out: torch.Tensor | None = None,
+                     input_features: torch.Tensor | None = None) -> list[int]:
         """Feed ``tokens`` after the cache's ``length`` tokens, then draft k tokens greedily (each
         the first maximum of its logits below ``vocab_limit``), all in one C++ call: the same
         forwards as feeding them one by one, without Python between the steps. The cache's length
@@ -105,7 +119,8 @@ class NativeForward:
         step draws instead: the maximum of logit / temperature + gumbel[step, token]. With ``uniforms``
         [k] each step draws from softmax(logit / temperature + gumbel) at that point of its cumulative
         distribution (the rejection rule's draft). ``logits_out`` [k, head rows] float32 receives each
-        step's head logits."""
+        step's head logits. A feature draft passes ``input_features`` [len(tokens), E] for the fed
+        tokens; each drafted token is then fed with the feature its step wrote to ``cache.features``."""
         head_ids = self.model.head_ids
         if head_ids is not None:
             vocab_limit = int(torch.searchsorted(head_ids, vocab_limit))
@@ -115,7 +130,9 @@ class NativeForward:
         drafted = kernels.draft_greedy(
             torch.tensor([tokens], dtype=torch.long), start, k, vocab_limit,
             *self._cache_inputs(cache, 1, start + len(tokens) + k), self.weights, self.model.config.n_layer,
-            *self.shape, self.eps, head_ids, gumbel, temperature, uniforms, logits_out)
+            *self.shape, self.eps, head_ids, gumbel, temperature, uniforms, logits_out, input_features,
+            None if input_features is None else packed(self.model.fuse_feature),
+            None if input_features is None else cache.features)
         return drafted.tolist()
 
     def draft_batch(self, feeds: list[tuple[list[int], int] | None], ks: list[int], vocab_limit: int, cache: KVCache,

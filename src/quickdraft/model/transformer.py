@@ -286,6 +286,19 @@ def _room_for_packed_copy(model: nn.Module) -> bool:
     return True
 
 
+def keep_features(features: torch.Tensor, slots: slice | torch.Tensor, hidden: torch.Tensor) -> None:
+    """Write rows' last residual streams ``hidden`` [B, T, E] to their ``slots`` of ``features``
+    [B, capacity, E] (``KVCache.features``): a slice, one slot per row [T], or per sequence [B, T]."""
+    hidden = hidden.to(features.dtype)
+    if isinstance(slots, slice):
+        features[: hidden.shape[0], slots] = hidden
+    elif slots.dim() == 1:
+        features[: hidden.shape[0]].index_copy_(1, slots, hidden)
+    else:
+        rows = torch.arange(hidden.shape[0], device=slots.device)[:, None]
+        features[rows, slots] = hidden
+
+
 class Transformer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -483,6 +496,8 @@ class Transformer(nn.Module):
             x = block(x, rope, keys, values, slots, kv_len, mask, attend)
             if collect is not None:
                 collect.append(x)
+        if cache is not None and cache.features is not None and n_layers == self.config.n_layer:
+            keep_features(cache.features, slots, x)
         return x
 
     def pack_products(self) -> bool:

@@ -135,8 +135,20 @@ def _cmd_draft(ns: argparse.Namespace) -> int:
 
 
 def _cmd_self_draft(ns: argparse.Namespace) -> int:
+    from quickdraft.train.feature_draft import train_feature_draft
     from quickdraft.train.self_draft import train_self_draft
 
+    if ns.kind == "feature":
+        if ns.tv_weight:
+            print("error: --tv-weight trains an exit adapter (--kind exit) only", file=sys.stderr)
+            return 2
+        summary = train_feature_draft(_train_args(ns), ns.target, ns.data, head_tokens=ns.head_tokens,
+                                      mlp_size=ns.mlp_size, generated_fraction=ns.generated_fraction,
+                                      n_generations=ns.generations, sampled_generations=ns.sampled_generations,
+                                      sample_temperature=ns.sample_temperature, init_from=ns.init_from)
+        print(json.dumps(summary, indent=2))
+        print(f"saved the feature draft to {ns.out}; use it with --drafter self:{ns.out}", file=sys.stderr)
+        return 0
     summary = train_self_draft(_train_args(ns), ns.target, ns.data, exit_layer=ns.exit_layer,
                                adapter_layers=ns.adapter_layers, head_tokens=ns.head_tokens, adapter_mlp=ns.adapter_mlp,
                                generated_fraction=ns.generated_fraction, n_generations=ns.generations,
@@ -279,15 +291,22 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
                    "fresh LR schedule (a lower --lr, e.g. 1e-3, suits); --resume from OUT/checkpoint.pt still wins")
     p.set_defaults(func=_cmd_draft)
 
-    p = sub.add_parser("self-draft", help="train a self-draft for any target: its first layers + a trained exit "
-                       "adapter and frequency-ranked head (--drafter self:OUT)",
-                       description="Trains the self-draft module of model/self_draft.py for a frozen target on your "
-                       "text, tokenized with the target's tokenizer. OUT gets self_draft.json + model.safetensors "
-                       "(the module), checkpoint.pt (--resume), history.json and the token streams.")
+    p = sub.add_parser("self-draft", help="train a self-draft for any target: a feature draft on its last hidden "
+                       "states (default), or its first layers + an exit adapter (--drafter self:OUT)",
+                       description="Trains a self-draft module for a frozen target on your text, tokenized with the "
+                       "target's tokenizer: a feature draft (model/feature_draft.py: one layer on the target's "
+                       "last hidden states, EAGLE-style) or an exit adapter (model/self_draft.py). OUT gets "
+                       "self_draft.json + model.safetensors (the module), checkpoint.pt (--resume), history.json "
+                       "and the token streams.")
     _add_loop_flags(p, batch_size=8, lr=1e-3, max_steps=2000, text_data=True)
     p.add_argument("--target", required=True, help="the target: a model directory or hub id")
+    p.add_argument("--kind", choices=("feature", "exit"), default="feature",
+                   help="feature: a draft layer on the target's last hidden states (default; no target layer runs "
+                   "while drafting); exit: the target's first layers plus an adapter")
+    p.add_argument("--mlp-size", type=int, default=None,
+                   help="feature draft: its layer's MLP width (default: the target's; 0: attention only)")
     p.add_argument("--exit-layer", type=int, default=None,
-                   help="target layers the draft runs (default: one in 16, at least one)")
+                   help="exit adapter: target layers the draft runs (default: one in 16, at least one)")
     p.add_argument("--adapter-layers", type=int, default=1, help="trained decoder layers on top (default 1)")
     p.add_argument("--adapter-mlp", action=argparse.BooleanOptionalAction, default=True,
                    help="adapters with an MLP (default), or attention-only (--no-adapter-mlp, as Kangaroo's)")

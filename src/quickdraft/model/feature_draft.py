@@ -1,0 +1,196 @@
+"""A feature draft: self-speculation from the target's own last hidden states (EAGLE, Li et al. 2024).
+
+The target's residual stream after its last layer, before the final norm (its *feature*), already
+decides its next token. The draft predicts the next position's feature from the previous feature
+and the token at the new position, with one trained decoder layer, and reads a token off it with a
+trained final norm and a head over the K most frequent tokens (FR-Spec's subset):
+
+    x_i = W_token · embed(token_i) + W_feature · feature_{i-1}
+    feature'_i = Layer(x_i)                 (attending over the draft's own cache)
+    q(token_{i+1}) = softmax(head(norm(feature'_i)))
+
+No target layer runs while drafting: a step costs one narrow layer and the subset head (about a
+tenth of a target step on the embedded pair), against the exit adapter's (model/self_draft.py)
+target layers plus adapter. The target's verify pass writes every row's feature into its cache
+(``KVCache.keep_features``), so the draft starts each proposal from true features; its own
+predicted features only feed the tokens it drafts after the first. Verification is the target's:
+lossless whatever the draft predicts.
+
+``compose`` builds the draft as a one-layer ``Transformer`` (W_token folded into its embedding
+table, W_feature as ``fuse_feature``) that the native forward runs with feature inputs.
+
+On disk (``quickdraft train self-draft --kind feature``; found at TARGET/self_draft by ``--drafter self``):
+
+    self_draft.json     {"format": "quickdraft-feature-draft", "version": 1, "head_tokens": K,
+                         "mlp_size": M (0: attention only), "target": {model_type, n_embd, n_layer,
+                         vocab_size, head_dim}, "training": {...}}
+    model.safetensors   fuse_token.weight, fuse_feature.weight  [n_embd, n_embd]
+                        layers.0.*      a decoder block in quickdraft's layout (attn.qkv, attn.out,
+                                        attn_norm; with M > 0 also mlp.up = [gate; up], mlp.down, mlp_norm)
+                        norm.*          final norm (weight, and bias for GPT-2's LayerNorm)
+                        lm_head.weight  [K, n_embd]
+                        head_ids        [K] int64, ascending token ids of the head's rows
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from quickdraft.errors import ModelFormatError, QuickdraftError
+from quickdraft.model.config import ModelConfig
+from quickdraft.model.loader import LoadedModel
+from quickdraft.model.transformer import Block, Transformer
+
+FORMAT = "quickdraft-feature-draft"
+VERSION = 1
+CONFIG_FILE = "self_draft.json"  # the directory convention of model/self_draft.py: one place per target
+WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class FeatureDraftShape:
+    head_tokens: int  # rows of the draft's LM head (K)
+    mlp_size: int  # the draft layer's MLP width; 0: attention only
+
+    def check(self, target: ModelConfig) -> None:
+        if not 1 <= self.head_tokens <= target.vocab_size:
+            raise QuickdraftError(f"feature draft head tokens must be in 1..{target.vocab_size}, got {self.head_tokens}")
+        if self.mlp_size < 0:
+            raise QuickdraftError(f"feature draft MLP size must be >= 0, got {self.mlp_size}")
+
+
+class FeatureDraftModule(nn.Module):
+    """What a feature draft trains and saves."""
+
+    def __init__(self, target: Transformer, shape: FeatureDraftShape, head_ids: torch.Tensor) -> None:
+        super().__init__()
+        shape.check(target.config)
+        if head_ids.numel() != shape.head_tokens:
+            raise ValueError(f"{head_ids.numel()} head ids for a head of {shape.head_tokens} tokens")
+        c = target.config
+        self.shape = shape
+        self.config = replace(c, n_layer=1, intermediate_size=shape.mlp_size or c.intermediate_size,
+                              tie_word_embeddings=False)
+        self.fuse_token = nn.Linear(c.n_embd, c.n_embd, bias=False)
+        self.fuse_feature = nn.Linear(c.n_embd, c.n_embd, bias=False)
+        self.layers = nn.ModuleList([Block(self.config, mlp=shape.mlp_size > 0)])
+        self.norm = copy.deepcopy(target.norm)
+        self.lm_head = nn.Linear(c.n_embd, shape.head_tokens, bias=False)
+        self.register_buffer("head_ids", head_ids.to(torch.long).sort().values)
+        self.to(device=target.device, dtype=target.dtype)
+
+    @classmethod
+    def initialised_from(cls, target: Transformer, shape: FeatureDraftShape, head_ids: torch.Tensor) -> FeatureDraftModule:
+        """The layer starts as the target's last (its MLP too when the widths match), the norm as the
+        target's final norm, the head as the target's rows for the subset, both fusions as identities."""
+        module = cls(target, shape, head_ids)
+        with torch.no_grad():
+            source = target.layers[-1].state_dict()
+            own = module.layers[0].state_dict()
+            module.layers[0].load_state_dict({k: v for k, v in source.items() if k in own and v.shape == own[k].shape},
+                                             strict=False)
+            module.lm_head.weight.copy_(target.lm_head.weight[module.head_ids])
+            module.fuse_token.weight.copy_(torch.eye(target.config.n_embd))
+            module.fuse_feature.weight.copy_(torch.eye(target.config.n_embd))
+        return module
+
+    def predict(self, target: Transformer, tokens: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+        """Training: the predicted features [batch, T, n_embd] of positions whose tokens are ``tokens``
+        [batch, T], from the features of the positions before them ``previous`` [batch, T, n_embd]."""
+        x = self.fuse_token(target.embed(tokens)) + self.fuse_feature(previous)
+        return target.continue_layers(x, self.layers)
+
+    def head_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """The head's logits [..., K] read off (predicted) features."""
+        return self.lm_head(self.norm(features))
+
+
+def compose(target: Transformer, module: FeatureDraftModule) -> Transformer:
+    """The draft as a one-layer Transformer: an embedding table with W_token folded in, the layer, the
+    norm and subset head, and ``fuse_feature`` for the feature inputs. Only its KV cache is its own."""
+    if module.config.n_embd != target.config.n_embd or module.lm_head.weight.dtype != target.dtype:
+        raise QuickdraftError("the feature draft was built for another target or dtype")
+    with torch.device("meta"):
+        model = Transformer(module.config)
+    with torch.no_grad():
+        folded = module.fuse_token(target.embed.weight.float().to(module.fuse_token.weight.dtype))
+    model.embed = nn.Embedding.from_pretrained(folded.to(target.dtype), freeze=True)
+    model.pos_embed = None  # the features carry position (GPT-2's learned table is in them already)
+    model.layers = module.layers
+    model.norm, model.lm_head = module.norm, module.lm_head
+    model.fuse_feature = module.fuse_feature
+    model.inv_freq = target.inv_freq
+    model.head_ids = module.head_ids
+    return model.eval()
+
+
+def _target_fingerprint(config: ModelConfig) -> dict[str, object]:
+    return {"model_type": config.model_type, "n_embd": config.n_embd, "n_layer": config.n_layer,
+            "vocab_size": config.vocab_size, "head_dim": config.head_dim}
+
+
+def save_feature_draft(module: FeatureDraftModule, target: ModelConfig, out_dir: Path, *,
+                       training: dict[str, object] | None = None, dtype: torch.dtype | None = None) -> None:
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {name: t.detach().contiguous() for name, t in module.state_dict().items()}
+    if dtype is not None:
+        state = {n: t.to(dtype) if t.is_floating_point() else t for n, t in state.items()}
+    save_file(state, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
+    meta = {"format": FORMAT, "version": VERSION, "head_tokens": module.shape.head_tokens,
+            "mlp_size": module.shape.mlp_size, "target": _target_fingerprint(target), "training": training or {}}
+    (out_dir / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def saved_format(path: Path) -> str | None:
+    """The ``format`` of the self-draft saved in ``path`` (None: none saved there)."""
+    if not (path / CONFIG_FILE).is_file():
+        return None
+    try:
+        return str(json.loads((path / CONFIG_FILE).read_text()).get("format"))
+    except json.JSONDecodeError as exc:
+        raise ModelFormatError(f"corrupt {path / CONFIG_FILE}: not valid JSON ({exc})") from exc
+
+
+def read_feature_draft(path: str | Path, target: LoadedModel) -> FeatureDraftModule:
+    """The module saved in ``path``, checked against ``target``, in the target's dtype."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if saved_format(path) != FORMAT:
+        raise ModelFormatError(f"{path / CONFIG_FILE} is not a {FORMAT} file")
+    meta = json.loads((path / CONFIG_FILE).read_text())
+    if meta.get("version") != VERSION:
+        raise ModelFormatError(f"{path / CONFIG_FILE} is {FORMAT} v{meta.get('version')}, this quickdraft reads v{VERSION}")
+    expected, saved = _target_fingerprint(target.config), meta.get("target", {})
+    differ = {k: (saved.get(k), v) for k, v in expected.items() if saved.get(k) != v}
+    if differ:
+        raise QuickdraftError(f"the feature draft at {path} was trained for another target (field: saved, this "
+                              f"target): {differ}; train one for this target with `quickdraft train self-draft`")
+    shape = FeatureDraftShape(int(meta["head_tokens"]), int(meta["mlp_size"]))
+    try:
+        state = load_file(str(path / WEIGHTS_FILE))
+    except (SafetensorError, FileNotFoundError, OSError) as exc:
+        raise ModelFormatError(f"cannot read {path / WEIGHTS_FILE}: {exc}") from exc
+    if "head_ids" not in state:
+        raise ModelFormatError(f"{path / WEIGHTS_FILE} lacks tensor 'head_ids'")
+    model = target.model
+    module = FeatureDraftModule(model, shape, state["head_ids"])
+    for name, want in ((n, t.shape) for n, t in module.state_dict().items()):
+        if name not in state or state[name].shape != want:
+            have = tuple(state[name].shape) if name in state else "missing"
+            raise ModelFormatError(f"{path / WEIGHTS_FILE}: tensor {name!r} is {have}, expected {tuple(want)}")
+    limit = target.tokenizer.vocab_size if target.tokenizer is not None else target.config.vocab_size
+    if int(state["head_ids"].max()) >= min(limit, target.config.vocab_size) or int(state["head_ids"].min()) < 0:
+        raise ModelFormatError(f"{path / WEIGHTS_FILE}: head ids outside the target's vocabulary 0..{limit - 1}")
+    module.load_state_dict({n: t.to(model.dtype) if t.is_floating_point() else t for n, t in state.items()})
+    module.requires_grad_(False)
+    return module

@@ -1,0 +1,144 @@
+"""The feature draft (model/feature_draft.py, drafters/feature_draft.py): the target's forwards keep
+its features at their slots on every path; the draft's one-call native chain feeds back the
+features its steps predict exactly as its step-by-step path does; greedy output stays bit-identical
+to plain decoding, alone and batched, on the native and the per-op path; saved drafts load only
+for their target."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_factory import make_hf_checkpoint
+from quickdraft.drafters.feature_draft import FeatureDrafter
+from quickdraft.engine import Engine
+from quickdraft.errors import ModelFormatError, QuickdraftError
+from quickdraft.model.feature_draft import (
+    CONFIG_FILE,
+    FeatureDraftModule,
+    FeatureDraftShape,
+    compose,
+    read_feature_draft,
+    save_feature_draft,
+)
+from quickdraft.model.loader import LoadedModel, load_model
+from quickdraft.randomness import sampler_for
+from quickdraft.sampling import SamplingParams
+
+PROMPTS = [[3, 7, 11, 2, 9], [5, 1, 60, 33, 33, 4, 18], [70, 2]]
+HEAD = torch.tensor([0, 1, 2, 3, 4, 5, 7, 9, 11, 18, 33, 40, 41, 60, 63, 70, 80, 90])
+
+
+def perturbed_draft(target: LoadedModel, out: Path, *, mlp_size: int = 32, seed: int = 0) -> Path:
+    """A feature draft initialised from the target and perturbed, so that it drafts wrong tokens too."""
+    module = FeatureDraftModule.initialised_from(target.model, FeatureDraftShape(len(HEAD), mlp_size), HEAD)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.layers.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.2 * p.std())
+    save_feature_draft(module, target.config, out)
+    return out
+
+
+@pytest.fixture(params=["llama", "qwen2", "gpt2"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> LoadedModel:
+    return load_model(make_hf_checkpoint(request.param, tmp_path / request.param, num_hidden_layers=3,
+                                         hidden_size=64), dtype="bf16")
+
+
+def test_every_forward_keeps_the_rows_last_residual_stream_at_their_slots(target: LoadedModel) -> None:
+    model = target.model
+    model.pack_products()
+    tokens = torch.tensor([PROMPTS[1]])
+    expected = model.hidden_states(tokens)[0]  # uncached, per-op: the reference
+    cache = model.new_cache(32)
+    cache.keep_features(model.config.n_embd)
+    model.prefill(tokens[:, :4], 0, cache)
+    model(tokens[:, 4:], 4, cache)  # a verify-like step of 3 rows after the prefill
+    tolerance = {"rtol": 0.05, "atol": 0.05 * float(expected.abs().max())}  # bf16, two computation orders
+    torch.testing.assert_close(cache.features[0, :7].float(), expected.float(), **tolerance)
+    assert not cache.features[0, 7:].any()  # nothing past the rows fed
+    early = model.new_cache(32)
+    early.keep_features(model.config.n_embd)
+    model(tokens, 0, early, exit_layer=1)  # an early exit's rows are not the model's last features
+    assert not early.features.any()
+
+
+def _drafted(drafter: FeatureDrafter, target: LoadedModel, tokens: list[int], k: int, sampling: SamplingParams,
+             stepwise: bool) -> list[int]:
+    """k draft tokens after ``tokens`` with the target's features, natively or step by step."""
+    from quickdraft.drafters.base import DraftContext
+
+    cache = target.model.new_cache(64)
+    drafter.begin(tokens, DraftContext(target.model, cache, 64, target.config.vocab_size))
+    target.model.prefill(torch.tensor([tokens[:-1]]), 0, cache)
+    cache.set_length(len(tokens) - 1)
+    draft = drafter.propose(tokens, k, sampling, sampler_for(sampling), confidence_stop=0.0 if stepwise else None)
+    assert drafter.cache is not None and drafter.cache.length == len(tokens)  # only the true-feature rows kept
+    return draft.tokens
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("mlp_size", [32, 0])
+def test_the_one_call_chain_feeds_back_the_features_its_steps_predict(arch: str, mlp_size: int,
+                                                                      tmp_path: Path) -> None:
+    target = load_model(make_hf_checkpoint(arch, tmp_path / "t", num_hidden_layers=3, hidden_size=64), dtype="bf16")
+    target.model.pack_products()
+    drafter = FeatureDrafter(target, perturbed_draft(target, tmp_path / "fd", mlp_size=mlp_size))
+    assert drafter.model.native is not None  # the C++ chain, attention-only layer included
+    for sampling in (SamplingParams(temperature=0.0), SamplingParams(0.8, seed=3)):
+        for tokens in PROMPTS:
+            native = _drafted(drafter, target, tokens, 6, sampling, stepwise=False)
+            stepwise = _drafted(drafter, target, tokens, 6, sampling, stepwise=True)
+            assert native == stepwise and len(native) == 6, (sampling, tokens)
+            assert all(t in HEAD.tolist() for t in native)  # the subset head drafts its own tokens only
+
+
+def test_greedy_stays_bit_identical_alone_batched_and_with_trees(target: LoadedModel, tmp_path: Path) -> None:
+    draft_dir = perturbed_draft(target, tmp_path / "fd")
+    engine = Engine(target, f"self:{draft_dir}", exact=True, tree_nodes=8)
+    assert engine.drafter is not None and engine.drafter.name == "feature-draft"
+    plain = [engine.generate(p, 40, gamma=0).token_ids for p in PROMPTS]
+    for gamma in (1, 3, "auto"):
+        assert [engine.generate(p, 40, gamma=gamma, tree=False).token_ids for p in PROMPTS] == plain, gamma
+    assert [engine.generate(p, 40, tree=True).token_ids for p in PROMPTS] == plain
+    assert [r.token_ids for r in engine.generate_batch(PROMPTS, 40, gamma=3)] == plain
+    stats = engine.generate(PROMPTS[0], 40, gamma=3, tree=False).stats
+    assert stats.drafted > 0 and stats.accepted > 0
+
+
+def test_a_long_prompt_catches_up_in_chunks_the_native_forward_takes(tmp_path: Path) -> None:
+    target = load_model(make_hf_checkpoint("llama", tmp_path / "t", num_hidden_layers=2, hidden_size=64), dtype="bf16")
+    engine = Engine(target, f"self:{perturbed_draft(target, tmp_path / 'fd')}", exact=True, context_length=512)
+    prompt = [(7 * i) % 90 for i in range(300)]  # more rows than one native forward takes (NATIVE_MAX_ROWS)
+    assert engine.generate(prompt, 24, gamma=3).token_ids == engine.generate(prompt, 24, gamma=0).token_ids
+
+
+def test_a_saved_draft_loads_only_for_its_target(tmp_path: Path) -> None:
+    target = load_model(make_hf_checkpoint("llama", tmp_path / "t", num_hidden_layers=2, hidden_size=64))
+    draft_dir = perturbed_draft(target, tmp_path / "fd")
+    module = read_feature_draft(draft_dir, target)
+    assert module.shape == FeatureDraftShape(len(HEAD), 32) and module.head_ids.tolist() == HEAD.tolist()
+    other = load_model(make_hf_checkpoint("llama", tmp_path / "o", num_hidden_layers=3, hidden_size=64))
+    with pytest.raises(QuickdraftError, match="trained for another target"):
+        read_feature_draft(draft_dir, other)
+    meta = json.loads((draft_dir / CONFIG_FILE).read_text())
+    (draft_dir / CONFIG_FILE).write_text(json.dumps({**meta, "version": 99}))
+    with pytest.raises(ModelFormatError, match="v99"):
+        read_feature_draft(draft_dir, target)
+
+
+def test_the_composed_draft_folds_the_token_fusion_into_its_embedding(tmp_path: Path) -> None:
+    target = load_model(make_hf_checkpoint("llama", tmp_path / "t", num_hidden_layers=2, hidden_size=64))
+    module = FeatureDraftModule.initialised_from(target.model, FeatureDraftShape(len(HEAD), 32), HEAD)
+    with torch.no_grad():
+        module.fuse_token.weight.mul_(0.5)
+    draft = compose(target.model, module)
+    tokens = torch.tensor([[3, 7, 11]])
+    previous = torch.randn(1, 3, 64)
+    expected = module.predict(target.model, tokens, previous)
+    x = draft.embed(tokens) + module.fuse_feature(previous)
+    torch.testing.assert_close(target.model.continue_layers(x, draft.layers), expected)
