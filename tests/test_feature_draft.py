@@ -142,3 +142,19 @@ def test_the_composed_draft_folds_the_token_fusion_into_its_embedding(tmp_path: 
     expected = module.predict(target.model, tokens, previous)
     x = draft.embed(tokens) + module.fuse_feature(previous)
     torch.testing.assert_close(target.model.continue_layers(x, draft.layers), expected)
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_after_a_request_the_target_cache_holds_the_features_of_the_committed_text(tree: bool,
+                                                                                    tmp_path: Path) -> None:
+    """Verify steps write features for rejected drafts too, and a tree's accepted path is moved into
+    place: what the draft reads must still be the features of the text the target committed."""
+    target = load_model(make_hf_checkpoint("llama", tmp_path / "t", num_hidden_layers=2, hidden_size=64))
+    engine = Engine(target, f"self:{perturbed_draft(target, tmp_path / 'fd')}", exact=True, tree_nodes=8)
+    result = engine.generate(PROMPTS[1], 40, gamma=3, tree=tree)
+    assert 0 < result.stats.accepted < result.stats.drafted  # drafts were rejected along the way
+    drafter = engine.drafter
+    assert isinstance(drafter, FeatureDrafter) and drafter.target_features is not None
+    committed = torch.tensor([result.prompt_ids + result.token_ids])[:, :-1]  # the last token is never fed
+    expected = target.model.hidden_states(committed)[0]
+    torch.testing.assert_close(drafter.target_features[: committed.shape[1]], expected, rtol=1e-3, atol=1e-3)

@@ -68,3 +68,19 @@ def test_entry_views_share_the_cache_and_keep_their_own_length():
     cache.keys[1][0, 0, 4:6] = 3.0
     cache.move_entry(0, 2, length=5)  # a sequence's 5 positions; what lies past them stays
     assert cache.keys[1][2, 0, 4, 0] == 3.0 and cache.keys[1][2, 0, 5, 0] == 7.0
+
+
+def test_kept_features_move_with_their_keys_and_views_share_them():
+    cache = KVCache(1, 1, 2, 8, batch=2)
+    features = cache.keep_features(3)
+    for t in (*cache.keys, *cache.values, features):
+        t.copy_(torch.arange(t.numel(), dtype=t.dtype).view(t.shape))
+    entry = cache.entry(1)
+    assert entry.features is not None and entry.features.data_ptr() == features[1:].data_ptr()
+    before, keys_before = features.clone(), cache.keys[0].clone()
+    cache.compact([5, 6], 2)  # a tree's accepted path into place after 2 committed tokens
+    assert torch.equal(features[:, 2:4], before[:, 5:7]) and torch.equal(cache.keys[0][:, :, 2:4],
+                                                                          keys_before[:, :, 5:7])
+    cache.move_entry(1, 0, length=4)  # compaction of a batch
+    assert torch.equal(features[0, :4], features[1, :4]) and torch.equal(features[0, 4:], before[0, 4:])
+    assert cache.nbytes == 2 * (2 * 8 * 2 * 4) + 2 * 8 * 3 * 4
