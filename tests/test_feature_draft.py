@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from hf_factory import make_hf_checkpoint
+from quickdraft.drafters.base import DraftContext
 from quickdraft.drafters.feature_draft import FeatureDrafter
+from quickdraft.drafters.self_draft import SelfDraftDrafter
 from quickdraft.engine import Engine
 from quickdraft.errors import ModelFormatError, QuickdraftError
 from quickdraft.model.feature_draft import (
@@ -25,6 +27,7 @@ from quickdraft.model.feature_draft import (
     save_feature_draft,
 )
 from quickdraft.model.loader import LoadedModel, load_model
+from quickdraft.model.self_draft import SelfDraftModule, SelfDraftShape, save_self_draft
 from quickdraft.randomness import sampler_for
 from quickdraft.sampling import SamplingParams
 
@@ -70,8 +73,6 @@ def test_every_forward_keeps_the_rows_last_residual_stream_at_their_slots(target
 def _drafted(drafter: FeatureDrafter, target: LoadedModel, tokens: list[int], k: int, sampling: SamplingParams,
              stepwise: bool) -> list[int]:
     """k draft tokens after ``tokens`` with the target's features, natively or step by step."""
-    from quickdraft.drafters.base import DraftContext
-
     cache = target.model.new_cache(64)
     drafter.begin(tokens, DraftContext(target.model, cache, 64, target.config.vocab_size))
     target.model.prefill(torch.tensor([tokens[:-1]]), 0, cache)
@@ -158,3 +159,29 @@ def test_after_a_request_the_target_cache_holds_the_features_of_the_committed_te
     committed = torch.tensor([result.prompt_ids + result.token_ids])[:, :-1]  # the last token is never fed
     expected = target.model.hidden_states(committed)[0]
     torch.testing.assert_close(drafter.target_features[: committed.shape[1]], expected, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("adapter_mlp", [True, False])
+def test_an_exit_adapter_fed_features_drafts_as_the_adapter_before_training(adapter_mlp: bool,
+                                                                             tmp_path: Path) -> None:
+    target = load_model(make_hf_checkpoint("llama", tmp_path / "t", num_hidden_layers=3, hidden_size=64), dtype="bf16")
+    target.model.pack_products()
+    adapter = SelfDraftModule.initialised_from(target.model, SelfDraftShape(1, 1, len(HEAD), adapter_mlp), HEAD)
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in adapter.adapters.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.2 * p.std())
+    save_self_draft(adapter, target.config, tmp_path / "exit")
+    module = FeatureDraftModule.from_exit_adapter(target.model, adapter)
+    assert module.shape == FeatureDraftShape(len(HEAD), 128 if adapter_mlp else 0, 1)
+    save_feature_draft(module, target.config, tmp_path / "fed")
+    fed = FeatureDrafter(target, tmp_path / "fed")
+    assert len(fed.model.layers) == 2 and fed.model.layers[0] is target.model.layers[0]  # shared, not copied
+    exit_drafter = SelfDraftDrafter(target, tmp_path / "exit")
+    for tokens in PROMPTS:
+        cache = target.model.new_cache(64)
+        context = DraftContext(target.model, cache, 64, target.config.vocab_size)
+        exit_drafter.begin(tokens, context)
+        greedy = SamplingParams(temperature=0.0)
+        expected = exit_drafter.propose(tokens, 5, greedy, sampler_for(greedy)).tokens
+        assert _drafted(fed, target, tokens, 5, greedy, stepwise=False) == expected

@@ -46,7 +46,9 @@ class FeatureDrafter(Drafter):
         self.target_features: torch.Tensor | None = None  # [slots, E]: where the target's forwards write them
         self.vocab_limit = target.config.vocab_size
         self.adjuster: LogitAdjuster | None = None
-        weights = sum(p.numel() for name, p in module.named_parameters() if not name.startswith("fuse_token"))
+        blocks = module.blocks(target.model)
+        weights = sum(p.numel() for p in (*blocks.parameters(), *module.fuse_feature.parameters(),
+                                          *module.norm.parameters(), *module.lm_head.parameters()))
         self._cost_hint = weights / max(1, target.n_params)
 
     def begin(self, prompt_ids: list[int], context: DraftContext) -> None:
@@ -100,7 +102,8 @@ class FeatureDrafter(Drafter):
             x = model.embed(ids) + linear(model.fuse_feature, features)[None]
             rope = model._rope(pos, first + t) if self.positional else None
             mask = model._attention_mask(pos, first + t, False)
-            hidden = model._run_layers(x, rope, self.cache, slice(first, first + t), first + t, mask, 1)
+            hidden = model._run_layers(x, rope, self.cache, slice(first, first + t), first + t, mask,
+                                       model.config.n_layer)
             out = model.logits(hidden[:, -1:]) if logits else None
         self.cache.length = first + t
         return out[0, -1, : self.vocab_limit] if logits and out is not None else None

@@ -45,6 +45,7 @@ from torch import nn
 from quickdraft.errors import ModelFormatError, QuickdraftError
 from quickdraft.model.config import ModelConfig
 from quickdraft.model.loader import LoadedModel
+from quickdraft.model.self_draft import SelfDraftModule
 from quickdraft.model.transformer import Block, Transformer
 
 FORMAT = "quickdraft-feature-draft"
@@ -57,12 +58,18 @@ WEIGHTS_FILE = "model.safetensors"
 class FeatureDraftShape:
     head_tokens: int  # rows of the draft's LM head (K)
     mlp_size: int  # the draft layer's MLP width; 0: attention only
+    exit_layer: int = 0  # target layers run before the draft layer (0: none; L: an exit adapter fed features)
 
     def check(self, target: ModelConfig) -> None:
         if not 1 <= self.head_tokens <= target.vocab_size:
             raise QuickdraftError(f"feature draft head tokens must be in 1..{target.vocab_size}, got {self.head_tokens}")
         if self.mlp_size < 0:
             raise QuickdraftError(f"feature draft MLP size must be >= 0, got {self.mlp_size}")
+        if not 0 <= self.exit_layer <= target.n_layer - 1:
+            raise QuickdraftError(f"feature draft exit layer {self.exit_layer} is outside 0..{target.n_layer - 1}")
+        if self.exit_layer and self.mlp_size not in (0, target.intermediate_size):
+            raise QuickdraftError(f"a feature draft after target layers has the target's MLP width "
+                                  f"({target.intermediate_size}) or none, not {self.mlp_size}")
 
 
 class FeatureDraftModule(nn.Module):
@@ -75,7 +82,7 @@ class FeatureDraftModule(nn.Module):
             raise ValueError(f"{head_ids.numel()} head ids for a head of {shape.head_tokens} tokens")
         c = target.config
         self.shape = shape
-        self.config = replace(c, n_layer=1, intermediate_size=shape.mlp_size or c.intermediate_size,
+        self.config = replace(c, n_layer=shape.exit_layer + 1, intermediate_size=shape.mlp_size or c.intermediate_size,
                               tie_word_embeddings=False)
         self.fuse_token = nn.Linear(c.n_embd, c.n_embd, bias=False)
         self.fuse_feature = nn.Linear(c.n_embd, c.n_embd, bias=False)
@@ -87,24 +94,49 @@ class FeatureDraftModule(nn.Module):
 
     @classmethod
     def initialised_from(cls, target: Transformer, shape: FeatureDraftShape, head_ids: torch.Tensor) -> FeatureDraftModule:
-        """The layer starts as the target's last (its MLP too when the widths match), the norm as the
-        target's final norm, the head as the target's rows for the subset, both fusions as identities."""
+        """The layer starts as the target's last (after target layers: as the target's next one, the
+        exit adapter's start), its MLP too when the widths match; the norm as the target's final norm,
+        the head as the target's rows for the subset, the token fusion an identity, the feature fusion
+        an identity (zero after target layers: the truncated target before training)."""
         module = cls(target, shape, head_ids)
         with torch.no_grad():
-            source = target.layers[-1].state_dict()
+            source = target.layers[shape.exit_layer if shape.exit_layer else -1].state_dict()
             own = module.layers[0].state_dict()
             module.layers[0].load_state_dict({k: v for k, v in source.items() if k in own and v.shape == own[k].shape},
                                              strict=False)
             module.lm_head.weight.copy_(target.lm_head.weight[module.head_ids])
             module.fuse_token.weight.copy_(torch.eye(target.config.n_embd))
-            module.fuse_feature.weight.copy_(torch.eye(target.config.n_embd))
+            module.fuse_feature.weight.copy_(torch.eye(target.config.n_embd) * float(shape.exit_layer == 0))
         return module
+
+    @classmethod
+    def from_exit_adapter(cls, target: Transformer, adapter: SelfDraftModule) -> FeatureDraftModule:
+        """An exit adapter (model/self_draft.py, one adapter layer) that is also fed features: its
+        layer, norm and head, the token fusion an identity, the feature fusion zero. Before training
+        it drafts exactly as the adapter does."""
+        if adapter.shape.adapter_layers != 1:
+            raise QuickdraftError(f"a feature draft continues an exit adapter of one layer, not "
+                                  f"{adapter.shape.adapter_layers}")
+        mlp = target.config.intermediate_size if adapter.shape.adapter_mlp else 0
+        module = cls(target, FeatureDraftShape(adapter.shape.head_tokens, mlp, adapter.shape.exit_layer),
+                     adapter.head_ids)
+        with torch.no_grad():
+            module.layers[0].load_state_dict(adapter.adapters[0].state_dict())
+            module.norm.load_state_dict(adapter.norm.state_dict())
+            module.lm_head.weight.copy_(adapter.lm_head.weight)
+            module.fuse_token.weight.copy_(torch.eye(target.config.n_embd))
+            module.fuse_feature.weight.zero_()
+        return module
+
+    def blocks(self, target: Transformer) -> nn.ModuleList:
+        """The layers a draft step runs: the target's first ``exit_layer``, then the draft's."""
+        return nn.ModuleList([*target.layers[: self.shape.exit_layer], *self.layers])
 
     def predict(self, target: Transformer, tokens: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
         """Training: the predicted features [batch, T, n_embd] of positions whose tokens are ``tokens``
         [batch, T], from the features of the positions before them ``previous`` [batch, T, n_embd]."""
         x = self.fuse_token(target.embed(tokens)) + self.fuse_feature(previous)
-        return target.continue_layers(x, self.layers)
+        return target.continue_layers(x, self.blocks(target))
 
     def head_logits(self, features: torch.Tensor) -> torch.Tensor:
         """The head's logits [..., K] read off (predicted) features."""
@@ -122,7 +154,7 @@ def compose(target: Transformer, module: FeatureDraftModule) -> Transformer:
         folded = module.fuse_token(target.embed.weight.float().to(module.fuse_token.weight.dtype))
     model.embed = nn.Embedding.from_pretrained(folded.to(target.dtype), freeze=True)
     model.pos_embed = None  # the features carry position (GPT-2's learned table is in them already)
-    model.layers = module.layers
+    model.layers = module.blocks(target)
     model.norm, model.lm_head = module.norm, module.lm_head
     model.fuse_feature = module.fuse_feature
     model.inv_freq = target.inv_freq
@@ -145,7 +177,8 @@ def save_feature_draft(module: FeatureDraftModule, target: ModelConfig, out_dir:
         state = {n: t.to(dtype) if t.is_floating_point() else t for n, t in state.items()}
     save_file(state, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
     meta = {"format": FORMAT, "version": VERSION, "head_tokens": module.shape.head_tokens,
-            "mlp_size": module.shape.mlp_size, "target": _target_fingerprint(target), "training": training or {}}
+            "mlp_size": module.shape.mlp_size, "exit_layer": module.shape.exit_layer,
+            "target": _target_fingerprint(target), "training": training or {}}
     (out_dir / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
 
@@ -175,7 +208,8 @@ def read_feature_draft(path: str | Path, target: LoadedModel) -> FeatureDraftMod
     if differ:
         raise QuickdraftError(f"the feature draft at {path} was trained for another target (field: saved, this "
                               f"target): {differ}; train one for this target with `quickdraft train self-draft`")
-    shape = FeatureDraftShape(int(meta["head_tokens"]), int(meta["mlp_size"]))
+    shape = FeatureDraftShape(int(meta["head_tokens"]), int(meta["mlp_size"]), int(meta.get("exit_layer", 0)))
+    shape.check(target.config)
     try:
         state = load_file(str(path / WEIGHTS_FILE))
     except (SafetensorError, FileNotFoundError, OSError) as exc:

@@ -145,7 +145,8 @@ def _cmd_self_draft(ns: argparse.Namespace) -> int:
         summary = train_feature_draft(_train_args(ns), ns.target, ns.data, head_tokens=ns.head_tokens,
                                       mlp_size=ns.mlp_size, generated_fraction=ns.generated_fraction,
                                       n_generations=ns.generations, sampled_generations=ns.sampled_generations,
-                                      sample_temperature=ns.sample_temperature, init_from=ns.init_from)
+                                      sample_temperature=ns.sample_temperature, init_from=ns.init_from,
+                                      exit_layer=ns.exit_layer or 0)
         print(json.dumps(summary, indent=2))
         print(f"saved the feature draft to {ns.out}; use it with --drafter self:{ns.out}", file=sys.stderr)
         return 0
@@ -306,7 +307,8 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--mlp-size", type=int, default=None,
                    help="feature draft: its layer's MLP width (default: the target's; 0: attention only)")
     p.add_argument("--exit-layer", type=int, default=None,
-                   help="exit adapter: target layers the draft runs (default: one in 16, at least one)")
+                   help="target layers the draft runs first (exit adapter: default one in 16, at least one; "
+                   "feature draft: default 0)")
     p.add_argument("--adapter-layers", type=int, default=1, help="trained decoder layers on top (default 1)")
     p.add_argument("--adapter-mlp", action=argparse.BooleanOptionalAction, default=True,
                    help="adapters with an MLP (default), or attention-only (--no-adapter-mlp, as Kangaroo's)")

@@ -24,9 +24,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from quickdraft.model.feature_draft import FeatureDraftModule, FeatureDraftShape, read_feature_draft, save_feature_draft
+from quickdraft.model.feature_draft import (
+    FORMAT,
+    FeatureDraftModule,
+    FeatureDraftShape,
+    read_feature_draft,
+    save_feature_draft,
+    saved_format,
+)
 from quickdraft.model.loader import load_model
-from quickdraft.model.self_draft import default_head_tokens
+from quickdraft.model.self_draft import default_head_tokens, read_self_draft_module
 from quickdraft.model.transformer import Transformer
 from quickdraft.train.common import TrainArgs, eval_batches, set_threads, train_loop, training_device
 from quickdraft.train.distill import ACCEPTANCE_TEMPERATURE, MixedBatches, acceptance_at, generation_sets
@@ -96,11 +103,13 @@ def evaluate_feature_draft(module: FeatureDraftModule, target: Transformer,
 def train_feature_draft(args: TrainArgs, target_ref: str | Path, data: list[Path], *, head_tokens: int | None = None,
                         mlp_size: int | None = None, generated_fraction: float = 0.5, n_generations: int = 256,
                         sampled_generations: int = 0, sample_temperature: float = ACCEPTANCE_TEMPERATURE,
-                        save_to: Path | None = None, init_from: Path | None = None,
+                        save_to: Path | None = None, init_from: Path | None = None, exit_layer: int = 0,
                         feature_weight: float = FEATURE_WEIGHT) -> dict[str, object]:
     """Train a feature draft for the target ``target_ref`` on the text in ``data`` and save it to
     ``save_to`` (default ``args.out_dir``); the arguments are ``train_self_draft``'s. ``mlp_size``:
-    the draft layer's MLP width (default: the target's)."""
+    the draft layer's MLP width (default: the target's); ``exit_layer``: target layers run before it.
+    ``init_from``: a saved feature draft of this target, or an exit adapter (``FeatureDraftModule.
+    from_exit_adapter``: its shape and head kept)."""
     set_threads(args.threads)
     device = training_device(args.device)
     torch.manual_seed(args.seed)
@@ -113,12 +122,15 @@ def train_feature_draft(args: TrainArgs, target_ref: str | Path, data: list[Path
     args.data_dir = data_dir
     tokens = load_stream(data_dir, "train", memmap=True)
     vocab_limit = min(config.vocab_size, target.tokenizer.vocab_size if target.tokenizer else config.vocab_size)
-    if init_from is not None:
+    if init_from is not None and saved_format(init_from) == FORMAT:
         module = read_feature_draft(init_from, target)
         log.info("feature draft: initialised from %s", init_from)
+    elif init_from is not None:  # an exit adapter, fed features from now on
+        module = FeatureDraftModule.from_exit_adapter(target.model, read_self_draft_module(init_from, target))
+        log.info("feature draft: initialised from the exit adapter %s", init_from)
     else:
         shape = FeatureDraftShape(head_tokens or default_head_tokens(config.vocab_size),
-                                  config.intermediate_size if mlp_size is None else mlp_size)
+                                  config.intermediate_size if mlp_size is None else mlp_size, exit_layer)
         shape.check(config)
         head_ids = frequent_tokens(tokens, shape.head_tokens, vocab_limit, target.eos_token_ids)
         module = FeatureDraftModule.initialised_from(target.model, shape, head_ids)
@@ -146,6 +158,7 @@ def train_feature_draft(args: TrainArgs, target_ref: str | Path, data: list[Path
                          eval_fn=lambda m: evaluate_feature_draft(m, target.model, val_batches),  # type: ignore[arg-type]
                          sampler=sampler)
     summary.update(target=str(target_ref), kind="feature", mlp_size=shape.mlp_size, head_tokens=shape.head_tokens,
+                   exit_layer=shape.exit_layer,
                    text_coverage=round(coverage, 4), trained_params=n_module, target_params=target.n_params,
                    generations=int(generations.shape[0]), sampled_generations=sampled_generations,
                    feature_weight=feature_weight, init_from=str(init_from) if init_from is not None else None,
