@@ -35,9 +35,11 @@ PROMPTS = [[3, 7, 11, 2, 9], [5, 1, 60, 33, 33, 4, 18], [70, 2]]
 HEAD = torch.tensor([0, 1, 2, 3, 4, 5, 7, 9, 11, 18, 33, 40, 41, 60, 63, 70, 80, 90])
 
 
-def perturbed_draft(target: LoadedModel, out: Path, *, mlp_size: int = 32, seed: int = 0) -> Path:
+def perturbed_draft(target: LoadedModel, out: Path, *, mlp_size: int = 32, seed: int = 0,
+                    feedback: str = "predicted") -> Path:
     """A feature draft initialised from the target and perturbed, so that it drafts wrong tokens too."""
-    module = FeatureDraftModule.initialised_from(target.model, FeatureDraftShape(len(HEAD), mlp_size), HEAD)
+    module = FeatureDraftModule.initialised_from(target.model, FeatureDraftShape(len(HEAD), mlp_size, 0, feedback),
+                                                 HEAD)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in module.layers.parameters():
@@ -82,13 +84,13 @@ def _drafted(drafter: FeatureDrafter, target: LoadedModel, tokens: list[int], k:
     return draft.tokens
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-@pytest.mark.parametrize("mlp_size", [32, 0])
-def test_the_one_call_chain_feeds_back_the_features_its_steps_predict(arch: str, mlp_size: int,
+@pytest.mark.parametrize("arch,mlp_size,feedback", [("llama", 32, "predicted"), ("qwen2", 32, "predicted"),
+                                                    ("llama", 0, "predicted"), ("qwen2", 32, "latest")])
+def test_the_one_call_chain_feeds_back_the_features_its_steps_predict(arch: str, mlp_size: int, feedback: str,
                                                                       tmp_path: Path) -> None:
     target = load_model(make_hf_checkpoint(arch, tmp_path / "t", num_hidden_layers=3, hidden_size=64), dtype="bf16")
     target.model.pack_products()
-    drafter = FeatureDrafter(target, perturbed_draft(target, tmp_path / "fd", mlp_size=mlp_size))
+    drafter = FeatureDrafter(target, perturbed_draft(target, tmp_path / "fd", mlp_size=mlp_size, feedback=feedback))
     assert drafter.model.native is not None  # the C++ chain, attention-only layer included
     for sampling in (SamplingParams(temperature=0.0), SamplingParams(0.8, seed=3)):
         for tokens in PROMPTS:
@@ -173,7 +175,7 @@ def test_an_exit_adapter_fed_features_drafts_as_the_adapter_before_training(adap
             p.add_(torch.randn(p.shape, generator=generator) * 0.2 * p.std())
     save_self_draft(adapter, target.config, tmp_path / "exit")
     module = FeatureDraftModule.from_exit_adapter(target.model, adapter)
-    assert module.shape == FeatureDraftShape(len(HEAD), 128 if adapter_mlp else 0, 1)
+    assert module.shape == FeatureDraftShape(len(HEAD), 128 if adapter_mlp else 0, 1, "latest")
     save_feature_draft(module, target.config, tmp_path / "fed")
     fed = FeatureDrafter(target, tmp_path / "fed")
     assert len(fed.model.layers) == 2 and fed.model.layers[0] is target.model.layers[0]  # shared, not copied

@@ -182,6 +182,24 @@ def test_a_feature_draft_trains_further_from_a_saved_one(gpt2_target: Path, text
     assert (summary["head_tokens"], summary["mlp_size"]) == (48, 64)
 
 
+def test_an_exit_adapter_trains_on_as_a_feature_draft_that_holds_the_latest_feature(
+        gpt2_target: Path, text_dir: Path, self_draft_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "fed"
+    code = cli_main(["train", "self-draft", "--target", str(gpt2_target), "--data", str(text_dir), "--out", str(out),
+                     "--init-from", str(self_draft_dir), "--max-steps", "20", "--generations", "8", *LOOP_FLAGS])
+    assert code == 0
+    adapter = json.loads((self_draft_dir / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    # before training it is the adapter: its first drafted token agrees as the adapter's did (over
+    # positions 1.. where the adapter's figure counts position 0 too)
+    assert summary["initial_val_agree_true"] == pytest.approx(adapter["val_agree"], abs=0.03)
+    assert summary["val_agree_own3"] > 0  # its third drafted token, the feature two positions stale
+    meta = json.loads((out / CONFIG_FILE).read_text())
+    assert (meta["exit_layer"], meta["feedback"], meta["head_tokens"]) == (1, "latest", 48)
+    engine = Engine(gpt2_target, f"self:{out}", exact=True)
+    assert _greedy_outputs(engine, gamma=3) == _greedy_outputs(engine, gamma=0)
+
+
 def test_a_draft_trained_for_any_target_loads_everywhere_and_keeps_greedy_exact(gpt2_target: Path,
                                                                                 draft_dir: Path) -> None:
     import transformers

@@ -5,8 +5,8 @@ The drafter asks the target's cache to keep its features (``KVCache.keep_feature
 before the prompt's prefill, so every target forward leaves them there. A proposal after ``n``
 committed tokens finds true features for positions 0..n-2 (the target has not yet fed the last
 token); it feeds the positions its cache lacks, each with the feature of the position before, then
-drafts, each drafted token fed with the feature its own step predicted. Only the rows fed with true
-features stay in its cache: the drafted ones are fed again, with the target's features, once the
+drafts, each drafted token fed with the feature its own step predicted (or, for a draft that holds
+them, the latest true one again). Only the rows fed with true features stay in its cache: the drafted ones are fed again, with the target's features, once the
 target has verified them.
 """
 
@@ -41,6 +41,7 @@ class FeatureDrafter(Drafter):
         self.model.pack_products()
         self.n_embd = target.config.n_embd
         self.positional = target.model.pos_embed is None  # RoPE inside the layer, as in training
+        self.holds_features = module.shape.feedback == "latest"
         self.cache: KVCache | None = None
         self.target_cache: KVCache | None = None  # a single sequence's (begin), to check what it holds
         self.target_features: torch.Tensor | None = None  # [slots, E]: where the target's forwards write them
@@ -100,7 +101,9 @@ class FeatureDrafter(Drafter):
         else:
             pos = torch.arange(first, first + t, device=model.device)
             x = model.embed(ids) + linear(model.fuse_feature, features)[None]
-            rope = model._rope(pos, first + t) if self.positional else None
+            if model.pos_embed is not None:
+                x = x + model.pos_embed(pos)
+            rope = model._rope(pos, first + t) if model.pos_embed is None and self.positional else None
             mask = model._attention_mask(pos, first + t, False)
             hidden = model._run_layers(x, rope, self.cache, slice(first, first + t), first + t, mask,
                                        model.config.n_layer)
@@ -145,12 +148,13 @@ class FeatureDrafter(Drafter):
             uniforms, bias, head_logits = native_draw_inputs(self.model, k, sampling, sampler.generator,  # type: ignore[attr-defined]
                                                              self.adjuster)
             drafted = native.draft_greedy(feed, k, self.vocab_limit, self.cache, bias, sampling.temperature,
-                                          uniforms, head_logits, input_features=features)
+                                          uniforms, head_logits, input_features=features,
+                                          hold_features=self.holds_features)
             q = drawn_distribution(self.model, head_logits, self.vocab_limit, sampling.temperature, bias)
             return Draft(drafted, q, k)
         noise, temperature = native_draft_noise(len(tokens), k, self.vocab_limit, sampling, sampler, self.adjuster)
         drafted = native.draft_greedy(feed, k, self.vocab_limit, self.cache, noise, temperature,
-                                      input_features=features)
+                                      input_features=features, hold_features=self.holds_features)
         return Draft(drafted, None, k)
 
     def _propose_stepwise(self, tokens: list[int], first: int, features: torch.Tensor, k: int,
@@ -162,8 +166,8 @@ class FeatureDrafter(Drafter):
         def step(token: int) -> torch.Tensor:
             assert self.cache is not None and self.cache.features is not None
             position = self.cache.length
-            predicted = self.cache.features[0, position - 1: position]
-            out = self._feed([token], position, predicted, logits=True)
+            fed = features[-1:] if self.holds_features else self.cache.features[0, position - 1: position]
+            out = self._feed([token], position, fed, logits=True)
             assert out is not None
             return out
 

@@ -1248,7 +1248,8 @@ int64_t draft_sample(const T* logits, int64_t vocab_limit, const int64_t* row_to
 // + gumbel) instead (draft_sample; gumbel then only adds a bias, e.g. penalties): the rejection rule's draw.
 // logits_out, when not empty ([k, head rows] float32), receives each step's logits.
 // A feature draft (forward's features) passes input_features [T, E] for the fed tokens, feature_proj and
-// features_out [1, slots, E]: each drafted token is then fed with the feature its step computed.
+// features_out [1, slots, E]: each drafted token is then fed with the feature its step computed, or with
+// hold_features the last fed one (the latest the target computed) again.
 template <typename T>
 at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t k, int64_t vocab_limit,
                                const at::Tensor& cos, const at::Tensor& signed_sin, at::TensorList keys,
@@ -1257,7 +1258,7 @@ at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t 
                                const at::Tensor& head_ids, const at::Tensor& gumbel, double inverse_temperature,
                                const at::Tensor& uniforms, const at::Tensor& logits_out,
                                const at::Tensor& input_features, const at::Tensor& feature_proj,
-                               const at::Tensor& features_out) {
+                               const at::Tensor& features_out, bool hold_features) {
   TORCH_CHECK(input_features.numel() == 0 || features_out.numel() > 0,
               "draft_greedy: a feature draft writes the features it feeds back to features_out");
   TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == 1 && tokens.size(1) >= 1 && k >= 1 && vocab_limit >= 1 &&
@@ -1294,7 +1295,8 @@ at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t 
     const at::Tensor logits = forward_native<T>(feed, positions, positions, mask, cos, signed_sin, keys, values,
                                                 weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, 1,
                                                 feed_features, feature_proj, features_out);
-    if (feed_features.numel()) feed_features = features_out[0].narrow(0, first + t - 1, 1);
+    if (feed_features.numel())
+      feed_features = hold_features ? feed_features.narrow(0, t - 1, 1) : features_out[0].narrow(0, first + t - 1, 1);
     const T* row = logits.data_ptr<T>();
     if (logits_rows) copy_as_float(row, vocab, logits_rows + i * vocab);
     const float* g = noise_rows ? noise_rows + i * noise.size(1) : nullptr;
@@ -1313,12 +1315,12 @@ at::Tensor draft_greedy(const at::Tensor& tokens, int64_t start, int64_t k, int6
                         int64_t intermediate, int64_t vocab, double eps, const at::Tensor& head_ids,
                         const at::Tensor& gumbel, double inverse_temperature, const at::Tensor& uniforms,
                         const at::Tensor& logits_out, const at::Tensor& input_features, const at::Tensor& feature_proj,
-                        const at::Tensor& features_out) {
+                        const at::Tensor& features_out, bool hold_features) {
   return by_weight_dtype("draft_greedy", weights[0], cos, [&](auto element) {
     return draft_greedy_native<decltype(element)>(tokens, start, k, vocab_limit, cos, signed_sin, keys, values,
                                                   weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps,
                                                   head_ids, gumbel, inverse_temperature, uniforms, logits_out,
-                                                  input_features, feature_proj, features_out);
+                                                  input_features, feature_proj, features_out, hold_features);
   });
 }
 
@@ -1650,7 +1652,7 @@ TORCH_LIBRARY(quickdraft, m) {
         "Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, int n_kv, int head_dim, "
         "int intermediate, int vocab, float eps, Tensor head_ids, Tensor gumbel, float inverse_temperature, "
         "Tensor uniforms, Tensor(c!) logits_out, Tensor input_features, Tensor feature_proj, "
-        "Tensor(d!) features_out) -> Tensor");
+        "Tensor(d!) features_out, bool hold_features) -> Tensor");
   m.def("draft_batch(Tensor tokens, Tensor positions, Tensor ks, int window, int vocab_limit, Tensor cos, "
         "Tensor signed_sin, Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, "
         "int n_kv, int head_dim, int intermediate, int vocab, float eps, Tensor head_ids, Tensor[] gumbel, "

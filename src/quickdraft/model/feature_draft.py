@@ -49,6 +49,7 @@ from quickdraft.model.self_draft import SelfDraftModule
 from quickdraft.model.transformer import Block, Transformer
 
 FORMAT = "quickdraft-feature-draft"
+FEEDBACKS = ("predicted", "latest")
 VERSION = 1
 CONFIG_FILE = "self_draft.json"  # the directory convention of model/self_draft.py: one place per target
 WEIGHTS_FILE = "model.safetensors"
@@ -59,6 +60,9 @@ class FeatureDraftShape:
     head_tokens: int  # rows of the draft's LM head (K)
     mlp_size: int  # the draft layer's MLP width; 0: attention only
     exit_layer: int = 0  # target layers run before the draft layer (0: none; L: an exit adapter fed features)
+    # what a drafted token is fed with: the feature its step predicted (EAGLE), or the latest feature
+    # the target computed, held (no feature space to predict: an exit adapter's output is not one)
+    feedback: str = "predicted"
 
     def check(self, target: ModelConfig) -> None:
         if not 1 <= self.head_tokens <= target.vocab_size:
@@ -67,6 +71,8 @@ class FeatureDraftShape:
             raise QuickdraftError(f"feature draft MLP size must be >= 0, got {self.mlp_size}")
         if not 0 <= self.exit_layer <= target.n_layer - 1:
             raise QuickdraftError(f"feature draft exit layer {self.exit_layer} is outside 0..{target.n_layer - 1}")
+        if self.feedback not in FEEDBACKS:
+            raise QuickdraftError(f"feature draft feedback must be one of {FEEDBACKS}, got {self.feedback!r}")
         if self.exit_layer and self.mlp_size not in (0, target.intermediate_size):
             raise QuickdraftError(f"a feature draft after target layers has the target's MLP width "
                                   f"({target.intermediate_size}) or none, not {self.mlp_size}")
@@ -118,7 +124,7 @@ class FeatureDraftModule(nn.Module):
             raise QuickdraftError(f"a feature draft continues an exit adapter of one layer, not "
                                   f"{adapter.shape.adapter_layers}")
         mlp = target.config.intermediate_size if adapter.shape.adapter_mlp else 0
-        module = cls(target, FeatureDraftShape(adapter.shape.head_tokens, mlp, adapter.shape.exit_layer),
+        module = cls(target, FeatureDraftShape(adapter.shape.head_tokens, mlp, adapter.shape.exit_layer, "latest"),
                      adapter.head_ids)
         with torch.no_grad():
             module.layers[0].load_state_dict(adapter.adapters[0].state_dict())
@@ -133,9 +139,11 @@ class FeatureDraftModule(nn.Module):
         return nn.ModuleList([*target.layers[: self.shape.exit_layer], *self.layers])
 
     def predict(self, target: Transformer, tokens: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
-        """Training: the predicted features [batch, T, n_embd] of positions whose tokens are ``tokens``
-        [batch, T], from the features of the positions before them ``previous`` [batch, T, n_embd]."""
+        """Training: the predicted features [batch, T, n_embd] of positions 1..T whose tokens are
+        ``tokens`` [batch, T], from the features of the positions before them ``previous`` [batch, T, n_embd]."""
         x = self.fuse_token(target.embed(tokens)) + self.fuse_feature(previous)
+        if self.shape.exit_layer and target.pos_embed is not None:  # GPT-2's layers read absolute positions
+            x = x + target.pos_embed(torch.arange(1, tokens.shape[1] + 1, device=tokens.device))
         return target.continue_layers(x, self.blocks(target))
 
     def head_logits(self, features: torch.Tensor) -> torch.Tensor:
@@ -153,7 +161,9 @@ def compose(target: Transformer, module: FeatureDraftModule) -> Transformer:
     with torch.no_grad():
         folded = module.fuse_token(target.embed.weight.float().to(module.fuse_token.weight.dtype))
     model.embed = nn.Embedding.from_pretrained(folded.to(target.dtype), freeze=True)
-    model.pos_embed = None  # the features carry position (GPT-2's learned table is in them already)
+    # the features carry position (GPT-2's learned table is in them already); the target's own
+    # layers, when the draft runs some, read it as they always do
+    model.pos_embed = target.pos_embed if module.shape.exit_layer else None
     model.layers = module.blocks(target)
     model.norm, model.lm_head = module.norm, module.lm_head
     model.fuse_feature = module.fuse_feature
@@ -177,7 +187,7 @@ def save_feature_draft(module: FeatureDraftModule, target: ModelConfig, out_dir:
         state = {n: t.to(dtype) if t.is_floating_point() else t for n, t in state.items()}
     save_file(state, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
     meta = {"format": FORMAT, "version": VERSION, "head_tokens": module.shape.head_tokens,
-            "mlp_size": module.shape.mlp_size, "exit_layer": module.shape.exit_layer,
+            "mlp_size": module.shape.mlp_size, "exit_layer": module.shape.exit_layer, "feedback": module.shape.feedback,
             "target": _target_fingerprint(target), "training": training or {}}
     (out_dir / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
@@ -208,7 +218,8 @@ def read_feature_draft(path: str | Path, target: LoadedModel) -> FeatureDraftMod
     if differ:
         raise QuickdraftError(f"the feature draft at {path} was trained for another target (field: saved, this "
                               f"target): {differ}; train one for this target with `quickdraft train self-draft`")
-    shape = FeatureDraftShape(int(meta["head_tokens"]), int(meta["mlp_size"]), int(meta.get("exit_layer", 0)))
+    shape = FeatureDraftShape(int(meta["head_tokens"]), int(meta["mlp_size"]), int(meta.get("exit_layer", 0)),
+                              str(meta.get("feedback", "predicted")))
     shape.check(target.config)
     try:
         state = load_file(str(path / WEIGHTS_FILE))

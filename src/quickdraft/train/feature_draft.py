@@ -7,7 +7,9 @@ layer) and its next-token distributions p. The draft is trained twice over each 
 
 1. from the target's true features, as it drafts a proposal's first token;
 2. from its own predictions of step 1, as it drafts every later token (training-time test: a draft
-   trained only on true features meets its own, slightly wrong, ones at test time and drifts).
+   trained only on true features meets its own, slightly wrong, ones at test time and drifts); a
+   draft that holds the latest true feature instead (``feedback = "latest"``) is trained on it one
+   and two positions stale (its second and third drafted tokens), without the feature term.
 
 Each pass's loss is the cross-entropy of its q against p over the head's subset plus, weighted by
 ``feature_weight``, a smooth L1 between its predicted and the true features (scaled by their RMS),
@@ -63,14 +65,21 @@ def feature_draft_loss(module: FeatureDraftModule, target: Transformer, batch: t
     loss = torch.zeros((), device=batch.device)
     metrics: dict[str, float] = {}
     predicted = None
-    for name in ("true", "own"):
-        fed = previous if predicted is None else torch.cat([previous[:, :1], predicted[:, :-1]], dim=1)
+    holds = module.shape.feedback == "latest"
+    for name in ("true", "own") if not holds else ("true", "own", "own3"):
+        if predicted is None:
+            fed = previous
+        elif holds:  # the latest true feature held: 1 (own) or 2 (own3) positions older than the true one
+            stale = 1 if name == "own" else 2
+            fed = torch.cat([previous[:, :1].expand(-1, stale, -1), previous[:, :-stale]], dim=1)
+        else:
+            fed = torch.cat([previous[:, :1], predicted[:, :-1]], dim=1)
         predicted = module.predict(target, tokens, fed)
         q_logits = module.head_logits(predicted).float()
         q_log = F.log_softmax(q_logits, dim=-1)
         ce = -(p_subset * q_log).sum(-1).mean()
         drift = F.smooth_l1_loss(predicted.float() / scale, goal.float() / scale)
-        loss = loss + ce + feature_weight * drift
+        loss = loss + ce + (0.0 if holds else feature_weight) * drift
         with torch.no_grad():
             agree = (module.head_ids[q_log.argmax(-1)] == p_log[:, 1:].argmax(-1)).float().mean()
         metrics.update({f"ce_{name}": float(ce.detach()), f"drift_{name}": float(drift.detach()),
@@ -130,7 +139,8 @@ def train_feature_draft(args: TrainArgs, target_ref: str | Path, data: list[Path
         log.info("feature draft: initialised from the exit adapter %s", init_from)
     else:
         shape = FeatureDraftShape(head_tokens or default_head_tokens(config.vocab_size),
-                                  config.intermediate_size if mlp_size is None else mlp_size, exit_layer)
+                                  config.intermediate_size if mlp_size is None else mlp_size, exit_layer,
+                                  "latest" if exit_layer else "predicted")
         shape.check(config)
         head_ids = frequent_tokens(tokens, shape.head_tokens, vocab_limit, target.eos_token_ids)
         module = FeatureDraftModule.initialised_from(target.model, shape, head_ids)
