@@ -134,16 +134,17 @@ def test_a_saved_draft_loads_only_for_its_target(tmp_path: Path) -> None:
         read_feature_draft(draft_dir, target)
 
 
-def test_the_composed_draft_folds_the_token_fusion_into_its_embedding(tmp_path: Path) -> None:
+def test_the_composed_draft_folds_the_token_fusion_and_the_feature_scale_in(tmp_path: Path) -> None:
     target = load_model(make_hf_checkpoint("llama", tmp_path / "t", num_hidden_layers=2, hidden_size=64))
     module = FeatureDraftModule.initialised_from(target.model, FeatureDraftShape(len(HEAD), 32), HEAD)
     with torch.no_grad():
         module.fuse_token.weight.mul_(0.5)
+    module.feature_scale.fill_(0.25)
     draft = compose(target.model, module)
     tokens = torch.tensor([[3, 7, 11]])
     previous = torch.randn(1, 3, 64)
     expected = module.predict(target.model, tokens, previous)
-    x = draft.embed(tokens) + module.fuse_feature(previous)
+    x = draft.embed(tokens) + draft.fuse_feature(previous)  # raw features: the scale is folded in
     torch.testing.assert_close(target.model.continue_layers(x, draft.layers), expected)
 
 

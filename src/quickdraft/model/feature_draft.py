@@ -5,7 +5,7 @@ decides its next token. The draft predicts the next position's feature from the 
 and the token at the new position, with one trained decoder layer, and reads a token off it with a
 trained final norm and a head over the K most frequent tokens (FR-Spec's subset):
 
-    x_i = W_token · embed(token_i) + W_feature · feature_{i-1}
+    x_i = W_token · embed(token_i) + W_feature · s · feature_{i-1}     (s: features scaled to the embeddings' size)
     feature'_i = Layer(x_i)                 (attending over the draft's own cache)
     q(token_{i+1}) = softmax(head(norm(feature'_i)))
 
@@ -24,7 +24,7 @@ On disk (``quickdraft train self-draft --kind feature``; found at TARGET/self_dr
     self_draft.json     {"format": "quickdraft-feature-draft", "version": 1, "head_tokens": K,
                          "mlp_size": M (0: attention only), "target": {model_type, n_embd, n_layer,
                          vocab_size, head_dim}, "training": {...}}
-    model.safetensors   fuse_token.weight, fuse_feature.weight  [n_embd, n_embd]
+    model.safetensors   fuse_token.weight, fuse_feature.weight  [n_embd, n_embd], feature_scale (s, a scalar)
                         layers.0.*      a decoder block in quickdraft's layout (attn.qkv, attn.out,
                                         attn_norm; with M > 0 also mlp.up = [gate; up], mlp.down, mlp_norm)
                         norm.*          final norm (weight, and bias for GPT-2's LayerNorm)
@@ -96,7 +96,15 @@ class FeatureDraftModule(nn.Module):
         self.norm = copy.deepcopy(target.norm)
         self.lm_head = nn.Linear(c.n_embd, shape.head_tokens, bias=False)
         self.register_buffer("head_ids", head_ids.to(torch.long).sort().values)
+        # features are fed scaled to the embeddings' size (the embedded target's last hidden states are
+        # ~57x its embeddings' RMS: fed raw, the first updates of fuse_feature swamp the token's input)
+        self.register_buffer("feature_scale", torch.ones(()))
         self.to(device=target.device, dtype=target.dtype)
+
+    def scale_features_like_embeddings(self, target: Transformer, features: torch.Tensor) -> None:
+        """Set ``feature_scale`` to the embeddings' RMS over that of ``features`` (the target's)."""
+        embed_rms = target.embed.weight.float().pow(2).mean().sqrt()
+        self.feature_scale.fill_(float(embed_rms / features.float().pow(2).mean().sqrt().clamp_min(1e-12)))
 
     @classmethod
     def initialised_from(cls, target: Transformer, shape: FeatureDraftShape, head_ids: torch.Tensor) -> FeatureDraftModule:
@@ -141,7 +149,7 @@ class FeatureDraftModule(nn.Module):
     def predict(self, target: Transformer, tokens: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
         """Training: the predicted features [batch, T, n_embd] of positions 1..T whose tokens are
         ``tokens`` [batch, T], from the features of the positions before them ``previous`` [batch, T, n_embd]."""
-        x = self.fuse_token(target.embed(tokens)) + self.fuse_feature(previous)
+        x = self.fuse_token(target.embed(tokens)) + self.fuse_feature(previous * self.feature_scale)
         if self.shape.exit_layer and target.pos_embed is not None:  # GPT-2's layers read absolute positions
             x = x + target.pos_embed(torch.arange(1, tokens.shape[1] + 1, device=tokens.device))
         return target.continue_layers(x, self.blocks(target))
@@ -166,7 +174,10 @@ def compose(target: Transformer, module: FeatureDraftModule) -> Transformer:
     model.pos_embed = target.pos_embed if module.shape.exit_layer else None
     model.layers = module.blocks(target)
     model.norm, model.lm_head = module.norm, module.lm_head
-    model.fuse_feature = module.fuse_feature
+    model.fuse_feature = nn.Linear(module.config.n_embd, module.config.n_embd, bias=False)
+    with torch.no_grad():  # the scale folded in: the native forward projects raw features
+        model.fuse_feature.weight = nn.Parameter(module.fuse_feature.weight * module.feature_scale.to(folded.dtype),
+                                                 requires_grad=False)
     model.inv_freq = target.inv_freq
     model.head_ids = module.head_ids
     return model.eval()

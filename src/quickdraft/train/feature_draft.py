@@ -161,6 +161,9 @@ def train_feature_draft(args: TrainArgs, target_ref: str | Path, data: list[Path
         generations = np.zeros((0, 0), dtype=tokens.dtype)
     sampler = MixedBatches(tokens, generations, generated_fraction, args.seed)
     val_batches = eval_batches(load_stream(data_dir, "val"), args.eval_batches, args.batch_size, args.seq_len)
+    if init_from is None or saved_format(init_from) != FORMAT:
+        with torch.no_grad():
+            module.scale_features_like_embeddings(target.model, target.model.hidden_states(val_batches[0].to(device)))
     initial = evaluate_feature_draft(module, target.model, val_batches)  # the initialisation, before training
     summary = train_loop(module, lambda m, b: feature_draft_loss(m, target.model, b,  # type: ignore[arg-type]
                                                                  feature_weight=feature_weight),
