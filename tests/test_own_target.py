@@ -88,8 +88,8 @@ def self_draft_dir(gpt2_target: Path, text_dir: Path, tmp_path_factory: pytest.T
 @pytest.fixture(scope="module")
 def feature_draft_dir(gpt2_target: Path, text_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("feature_draft")
-    code = cli_main(["train", "self-draft", "--target", str(gpt2_target), "--data", str(text_dir), "--out", str(out),
-                     "--head-tokens", "48", "--mlp-size", "64", "--max-steps", "150", "--lr", "3e-3",
+    code = cli_main(["train", "self-draft", "--kind", "feature", "--target", str(gpt2_target), "--data", str(text_dir),
+                     "--out", str(out), "--head-tokens", "48", "--mlp-size", "64", "--max-steps", "150", "--lr", "3e-3",
                      "--generations", "8", *LOOP_FLAGS])
     assert code == 0
     return out
@@ -152,7 +152,7 @@ def test_self_draft_greedy_is_bit_identical_to_plain_decoding(gpt2_target: Path,
     assert stats.drafted > 0 and stats.accepted > 0  # a trained self-draft gets tokens accepted
 
 
-def test_a_feature_draft_trains_for_any_target_by_default_and_keeps_greedy_exact(gpt2_target: Path,
+def test_a_feature_draft_trains_for_any_target_and_keeps_greedy_exact(gpt2_target: Path,
                                                                                   feature_draft_dir: Path) -> None:
     summary = json.loads((feature_draft_dir / "summary.json").read_text())
     # agreement with the target's argmax, from true features and from its own: the initialisation, then trained
@@ -173,8 +173,8 @@ def test_a_feature_draft_trains_for_any_target_by_default_and_keeps_greedy_exact
 def test_a_feature_draft_trains_further_from_a_saved_one(gpt2_target: Path, text_dir: Path, feature_draft_dir: Path,
                                                          tmp_path: Path) -> None:
     out = tmp_path / "further"
-    code = cli_main(["train", "self-draft", "--target", str(gpt2_target), "--data", str(text_dir), "--out", str(out),
-                     "--init-from", str(feature_draft_dir), "--max-steps", "5", "--generations", "8", *LOOP_FLAGS])
+    code = cli_main(["train", "self-draft", "--kind", "feature", "--target", str(gpt2_target), "--data", str(text_dir),
+                     "--out", str(out), "--init-from", str(feature_draft_dir), "--max-steps", "5", "--generations", "8", *LOOP_FLAGS])
     assert code == 0
     saved = json.loads((feature_draft_dir / "summary.json").read_text())
     summary = json.loads((out / "summary.json").read_text())
@@ -185,8 +185,8 @@ def test_a_feature_draft_trains_further_from_a_saved_one(gpt2_target: Path, text
 def test_an_exit_adapter_trains_on_as_a_feature_draft_that_holds_the_latest_feature(
         gpt2_target: Path, text_dir: Path, self_draft_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "fed"
-    code = cli_main(["train", "self-draft", "--target", str(gpt2_target), "--data", str(text_dir), "--out", str(out),
-                     "--init-from", str(self_draft_dir), "--max-steps", "20", "--generations", "8", *LOOP_FLAGS])
+    code = cli_main(["train", "self-draft", "--kind", "feature", "--target", str(gpt2_target), "--data", str(text_dir),
+                     "--out", str(out), "--init-from", str(self_draft_dir), "--max-steps", "20", "--generations", "8", *LOOP_FLAGS])
     assert code == 0
     adapter = json.loads((self_draft_dir / "summary.json").read_text())
     summary = json.loads((out / "summary.json").read_text())

@@ -3,7 +3,8 @@
     .venv/bin/python docs/bench/self_draft_variants.py DIR [DIR ...] [--threads 1] [--prompts 8] [--tokens 96]
                                                        [--rounds 3] [--gammas auto,4]
 
-Each DIR is a trained self-draft (``quickdraft train self-draft --out DIR``) for the embedded target.
+Each DIR is a trained self-draft (``quickdraft train self-draft --out DIR``: an exit adapter or a
+feature draft) for the embedded target.
 For every variant, on the bench's prompts, in rounds that interleave the variants: plain decoding,
 the self-draft at each ``--gammas`` (greedy, and seeded at T = 0.8), and early exit at the same
 layer for comparison. Reported: median tokens/s and speedup over plain per round, the acceptance rate, mean
@@ -60,8 +61,9 @@ def main() -> None:
     engines = {"plain": Engine(target, None, exact=True)}
     for path in args.dirs:
         engines[f"self {path.name}"] = Engine(target, f"self:{path}", exact=True)
-        layer = json.loads((path / "self_draft.json").read_text())["exit_layer"]
-        engines.setdefault(f"early-exit:{layer}", Engine(target, f"early-exit:{layer}", exact=True))
+        layer = json.loads((path / "self_draft.json").read_text()).get("exit_layer", 0)  # 0: a feature draft's
+        if layer:
+            engines.setdefault(f"early-exit:{layer}", Engine(target, f"early-exit:{layer}", exact=True))
     settings = {"greedy": None, "T=0.8": SamplingParams(0.8)}
     gammas = [g if g == "auto" else int(g) for g in args.gammas.split(",")]
     results: dict[tuple[str, str], list[dict]] = {}

@@ -292,8 +292,8 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
                    "fresh LR schedule (a lower --lr, e.g. 1e-3, suits); --resume from OUT/checkpoint.pt still wins")
     p.set_defaults(func=_cmd_draft)
 
-    p = sub.add_parser("self-draft", help="train a self-draft for any target: a feature draft on its last hidden "
-                       "states (default), or its first layers + an exit adapter (--drafter self:OUT)",
+    p = sub.add_parser("self-draft", help="train a self-draft for any target: its first layers + an exit adapter "
+                       "(default), or a feature draft on its last hidden states (--drafter self:OUT)",
                        description="Trains a self-draft module for a frozen target on your text, tokenized with the "
                        "target's tokenizer: a feature draft (model/feature_draft.py: one layer on the target's "
                        "last hidden states, EAGLE-style) or an exit adapter (model/self_draft.py). OUT gets "
@@ -301,9 +301,10 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
                        "and the token streams.")
     _add_loop_flags(p, batch_size=8, lr=1e-3, max_steps=2000, text_data=True)
     p.add_argument("--target", required=True, help="the target: a model directory or hub id")
-    p.add_argument("--kind", choices=("feature", "exit"), default="feature",
-                   help="feature: a draft layer on the target's last hidden states (default; no target layer runs "
-                   "while drafting); exit: the target's first layers plus an adapter")
+    p.add_argument("--kind", choices=("exit", "feature"), default="exit",
+                   help="exit: the target's first layers plus an adapter (default: on the embedded target it "
+                   "beats a feature draft of the same training time at T = 0.8, BENCHMARKS.md round 28); feature: "
+                   "a draft layer on the target's last hidden states (no target layer runs while drafting)")
     p.add_argument("--mlp-size", type=int, default=None,
                    help="feature draft: its layer's MLP width (default: the target's; 0: attention only)")
     p.add_argument("--exit-layer", type=int, default=None,
