@@ -170,14 +170,19 @@ def test_a_feature_draft_trains_for_any_target_and_keeps_greedy_exact(gpt2_targe
     assert stats.accepted > stats.drafted / 4  # a trained feature draft gets its tokens accepted
 
 
+def _feature_draft_trained_on(gpt2_target: Path, text_dir: Path, init_from: Path, out: Path, *, steps: int) -> dict:
+    """`train self-draft --kind feature --init-from` a saved self-draft, for ``steps`` steps: its summary."""
+    code = cli_main(["train", "self-draft", "--kind", "feature", "--target", str(gpt2_target), "--data", str(text_dir),
+                     "--out", str(out), "--init-from", str(init_from), "--max-steps", str(steps), "--generations", "8",
+                     *LOOP_FLAGS])
+    assert code == 0
+    return json.loads((out / "summary.json").read_text())
+
+
 def test_a_feature_draft_trains_further_from_a_saved_one(gpt2_target: Path, text_dir: Path, feature_draft_dir: Path,
                                                          tmp_path: Path) -> None:
-    out = tmp_path / "further"
-    code = cli_main(["train", "self-draft", "--kind", "feature", "--target", str(gpt2_target), "--data", str(text_dir),
-                     "--out", str(out), "--init-from", str(feature_draft_dir), "--max-steps", "5", "--generations", "8", *LOOP_FLAGS])
-    assert code == 0
+    summary = _feature_draft_trained_on(gpt2_target, text_dir, feature_draft_dir, tmp_path / "further", steps=5)
     saved = json.loads((feature_draft_dir / "summary.json").read_text())
-    summary = json.loads((out / "summary.json").read_text())
     assert summary["initial_val_agree_true"] == pytest.approx(saved["val_agree_true"], abs=1e-6)
     assert (summary["head_tokens"], summary["mlp_size"]) == (48, 64)
 
@@ -185,11 +190,8 @@ def test_a_feature_draft_trains_further_from_a_saved_one(gpt2_target: Path, text
 def test_an_exit_adapter_trains_on_as_a_feature_draft_that_holds_the_latest_feature(
         gpt2_target: Path, text_dir: Path, self_draft_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "fed"
-    code = cli_main(["train", "self-draft", "--kind", "feature", "--target", str(gpt2_target), "--data", str(text_dir),
-                     "--out", str(out), "--init-from", str(self_draft_dir), "--max-steps", "20", "--generations", "8", *LOOP_FLAGS])
-    assert code == 0
+    summary = _feature_draft_trained_on(gpt2_target, text_dir, self_draft_dir, out, steps=20)
     adapter = json.loads((self_draft_dir / "summary.json").read_text())
-    summary = json.loads((out / "summary.json").read_text())
     # before training it is the adapter: its first drafted token agrees as the adapter's did (over
     # positions 1.. where the adapter's figure counts position 0 too)
     assert summary["initial_val_agree_true"] == pytest.approx(adapter["val_agree"], abs=0.03)

@@ -6,8 +6,8 @@ before the prompt's prefill, so every target forward leaves them there. A propos
 committed tokens finds true features for positions 0..n-2 (the target has not yet fed the last
 token); it feeds the positions its cache lacks, each with the feature of the position before, then
 drafts, each drafted token fed with the feature its own step predicted (or, for a draft that holds
-them, the latest true one again). Only the rows fed with true features stay in its cache: the drafted ones are fed again, with the target's features, once the
-target has verified them.
+them, the latest true one again). Only the rows fed with true features stay in its cache: the
+drafted ones are fed again, with the target's features, once the target has verified them.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class FeatureDrafter(Drafter):
             x = model.embed(ids) + linear(model.fuse_feature, features)[None]
             if model.pos_embed is not None:
                 x = x + model.pos_embed(pos)
-            rope = model._rope(pos, first + t) if model.pos_embed is None and self.positional else None
+            rope = model._rope(pos, first + t) if self.positional else None
             mask = model._attention_mask(pos, first + t, False)
             hidden = model._run_layers(x, rope, self.cache, slice(first, first + t), first + t, mask,
                                        model.config.n_layer)

@@ -22,7 +22,8 @@ table, W_feature as ``fuse_feature``) that the native forward runs with feature 
 On disk (``quickdraft train self-draft --kind feature``; found at TARGET/self_draft by ``--drafter self``):
 
     self_draft.json     {"format": "quickdraft-feature-draft", "version": 1, "head_tokens": K,
-                         "mlp_size": M (0: attention only), "target": {model_type, n_embd, n_layer,
+                         "mlp_size": M (0: attention only), "exit_layer": L (target layers run first, 0),
+                         "feedback": "predicted" | "latest", "target": {model_type, n_embd, n_layer,
                          vocab_size, head_dim}, "training": {...}}
     model.safetensors   fuse_token.weight, fuse_feature.weight  [n_embd, n_embd], feature_scale (s, a scalar)
                         layers.0.*      a decoder block in quickdraft's layout (attn.qkv, attn.out,
