@@ -170,21 +170,27 @@ def test_a_feature_draft_trains_for_any_target_and_keeps_greedy_exact(gpt2_targe
     assert stats.accepted > stats.drafted / 4  # a trained feature draft gets its tokens accepted
 
 
-def _feature_draft_trained_on(gpt2_target: Path, text_dir: Path, init_from: Path, out: Path, *, steps: int) -> dict:
+def _feature_draft_trained_on(gpt2_target: Path, text_dir: Path, init_from: Path, out: Path, *, steps: int,
+                              flags: tuple[str, ...] = ()) -> dict:
     """`train self-draft --kind feature --init-from` a saved self-draft, for ``steps`` steps: its summary."""
     code = cli_main(["train", "self-draft", "--kind", "feature", "--target", str(gpt2_target), "--data", str(text_dir),
                      "--out", str(out), "--init-from", str(init_from), "--max-steps", str(steps), "--generations", "8",
-                     *LOOP_FLAGS])
+                     *flags, *LOOP_FLAGS])
     assert code == 0
     return json.loads((out / "summary.json").read_text())
 
 
-def test_a_feature_draft_trains_further_from_a_saved_one(gpt2_target: Path, text_dir: Path, feature_draft_dir: Path,
-                                                         tmp_path: Path) -> None:
-    summary = _feature_draft_trained_on(gpt2_target, text_dir, feature_draft_dir, tmp_path / "further", steps=5)
+def test_a_feature_draft_trains_further_from_a_saved_one_with_the_tv_term(
+        gpt2_target: Path, text_dir: Path, feature_draft_dir: Path, tmp_path: Path) -> None:
+    summary = _feature_draft_trained_on(gpt2_target, text_dir, feature_draft_dir, tmp_path / "further", steps=5,
+                                        flags=("--tv-weight", "1", "--sampled-generations", "8"))
     saved = json.loads((feature_draft_dir / "summary.json").read_text())
     assert summary["initial_val_agree_true"] == pytest.approx(saved["val_agree_true"], abs=1e-6)
     assert (summary["head_tokens"], summary["mlp_size"]) == (48, 64)
+    assert (summary["tv_weight"], summary["tv_temperature"], summary["sampled_generations"]) == (1.0, 0.8, 8)
+    # the term is the rejection rate at T = 0.8, the figure the first drafted token's acceptance reports
+    assert summary["val_tv_true"] == pytest.approx(1 - summary["val_accept_t0.8"], abs=1e-5)
+    assert 0 < summary["val_tv_own"] < 1
 
 
 def test_an_exit_adapter_trains_on_as_a_feature_draft_that_holds_the_latest_feature(

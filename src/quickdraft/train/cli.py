@@ -139,14 +139,12 @@ def _cmd_self_draft(ns: argparse.Namespace) -> int:
     from quickdraft.train.self_draft import train_self_draft
 
     if ns.kind == "feature":
-        if ns.tv_weight:
-            print("error: --tv-weight trains an exit adapter (--kind exit) only", file=sys.stderr)
-            return 2
         summary = train_feature_draft(_train_args(ns), ns.target, ns.data, head_tokens=ns.head_tokens,
                                       mlp_size=ns.mlp_size, generated_fraction=ns.generated_fraction,
                                       n_generations=ns.generations, sampled_generations=ns.sampled_generations,
                                       sample_temperature=ns.sample_temperature, init_from=ns.init_from,
-                                      exit_layer=ns.exit_layer or 0)
+                                      exit_layer=ns.exit_layer or 0, tv_weight=ns.tv_weight,
+                                      tv_temperature=ns.tv_temperature)
         print(json.dumps(summary, indent=2))
         print(f"saved the feature draft to {ns.out}; use it with --drafter self:{ns.out}", file=sys.stderr)
         return 0

@@ -13,7 +13,9 @@ layer) and its next-token distributions p. The draft is trained twice over each 
 
 Each pass's loss is the cross-entropy of its q against p over the head's subset plus, weighted by
 ``feature_weight``, a smooth L1 between its predicted and the true features (scaled by their RMS),
-which keeps the features it feeds back close to the ones it learned from.
+which keeps the features it feeds back close to the ones it learned from, plus (``tv_weight`` > 0)
+that weight times the rejection rule's rejection rate at ``tv_temperature`` (self_draft.py's term: the
+cross-entropy alone spends the draft's capacity on the tail that sampled requests never reach).
 """
 
 from __future__ import annotations
@@ -38,7 +40,13 @@ from quickdraft.model.loader import load_model
 from quickdraft.model.self_draft import default_head_tokens, read_self_draft_module
 from quickdraft.model.transformer import Transformer
 from quickdraft.train.common import TrainArgs, eval_batches, set_threads, train_loop, training_device
-from quickdraft.train.distill import ACCEPTANCE_TEMPERATURE, MixedBatches, acceptance_at, generation_sets
+from quickdraft.train.distill import (
+    ACCEPTANCE_TEMPERATURE,
+    MixedBatches,
+    acceptance_at,
+    check_sampled_objective,
+    generation_sets,
+)
 from quickdraft.train.self_draft import PROMPT_LEN, _saved_dtype, frequent_tokens
 from quickdraft.train.text_data import load_stream, prepare_token_data
 
@@ -55,7 +63,8 @@ def _target_pass(target: Transformer, inputs: torch.Tensor) -> tuple[torch.Tenso
 
 
 def feature_draft_loss(module: FeatureDraftModule, target: Transformer, batch: torch.Tensor, *,
-                       feature_weight: float = FEATURE_WEIGHT) -> tuple[torch.Tensor, dict[str, float]]:
+                       feature_weight: float = FEATURE_WEIGHT, tv_weight: float = 0.0,
+                       tv_temperature: float = ACCEPTANCE_TEMPERATURE) -> tuple[torch.Tensor, dict[str, float]]:
     """Both passes' losses (module docstring). Row j predicts position j + 1's feature from the token
     there and position j's feature, and is scored against p at position j + 1."""
     features, p_log = _target_pass(target, batch[:, :-1])
@@ -80,6 +89,10 @@ def feature_draft_loss(module: FeatureDraftModule, target: Transformer, batch: t
         ce = -(p_subset * q_log).sum(-1).mean()
         drift = F.smooth_l1_loss(predicted.float() / scale, goal.float() / scale)
         loss = loss + ce + (0.0 if holds else feature_weight) * drift
+        if tv_weight > 0:
+            rejected = 1.0 - acceptance_at(p_log[:, 1:], q_logits, tv_temperature, module.head_ids).mean()
+            loss = loss + tv_weight * rejected
+            metrics[f"tv_{name}"] = float(rejected.detach())
         with torch.no_grad():
             agree = (module.head_ids[q_log.argmax(-1)] == p_log[:, 1:].argmax(-1)).float().mean()
         metrics.update({f"ce_{name}": float(ce.detach()), f"drift_{name}": float(drift.detach()),
@@ -94,15 +107,17 @@ def feature_draft_loss(module: FeatureDraftModule, target: Transformer, batch: t
 
 
 @torch.no_grad()
-def evaluate_feature_draft(module: FeatureDraftModule, target: Transformer,
-                           batches: list[torch.Tensor]) -> dict[str, float]:
+def evaluate_feature_draft(module: FeatureDraftModule, target: Transformer, batches: list[torch.Tensor], *,
+                           tv_weight: float = 0.0, tv_temperature: float = ACCEPTANCE_TEMPERATURE) -> dict[str, float]:
     """Validation: both passes' cross-entropy and agreement with the target's argmax (``agree_true``:
     a proposal's first token, ``agree_own``: later ones, from its own features), the drift of its
-    features, the subset's coverage of p and the rejection rule's acceptance at T = 0.8."""
+    features, the subset's coverage of p and the rejection rule's acceptance at T = 0.8; the loss is the
+    trained one (``tv_weight``)."""
     module.eval()
     totals: dict[str, float] = {}
     for batch in batches:
-        _, metrics = feature_draft_loss(module, target, batch.to(target.device))
+        _, metrics = feature_draft_loss(module, target, batch.to(target.device), tv_weight=tv_weight,
+                                        tv_temperature=tv_temperature)
         for name, value in metrics.items():
             totals[name] = totals.get(name, 0.0) + value / len(batches)
     module.train()
@@ -113,12 +128,15 @@ def train_feature_draft(args: TrainArgs, target_ref: str | Path, data: list[Path
                         mlp_size: int | None = None, generated_fraction: float = 0.5, n_generations: int = 256,
                         sampled_generations: int = 0, sample_temperature: float = ACCEPTANCE_TEMPERATURE,
                         save_to: Path | None = None, init_from: Path | None = None, exit_layer: int = 0,
-                        feature_weight: float = FEATURE_WEIGHT) -> dict[str, object]:
+                        feature_weight: float = FEATURE_WEIGHT, tv_weight: float = 0.0,
+                        tv_temperature: float = ACCEPTANCE_TEMPERATURE) -> dict[str, object]:
     """Train a feature draft for the target ``target_ref`` on the text in ``data`` and save it to
     ``save_to`` (default ``args.out_dir``); the arguments are ``train_self_draft``'s. ``mlp_size``:
     the draft layer's MLP width (default: the target's); ``exit_layer``: target layers run before it.
     ``init_from``: a saved feature draft of this target, or an exit adapter (``FeatureDraftModule.
-    from_exit_adapter``: its shape and head kept)."""
+    from_exit_adapter``: its shape and head kept). ``tv_weight`` and ``tv_temperature``: the rejection-rate
+    term (module docstring)."""
+    check_sampled_objective(n_generations, sampled_generations, sample_temperature, tv_weight, tv_temperature)
     set_threads(args.threads)
     device = training_device(args.device)
     torch.manual_seed(args.seed)
@@ -164,17 +182,22 @@ def train_feature_draft(args: TrainArgs, target_ref: str | Path, data: list[Path
     if init_from is None or saved_format(init_from) != FORMAT:
         with torch.no_grad():
             module.scale_features_like_embeddings(target.model, target.model.hidden_states(val_batches[0].to(device)))
-    initial = evaluate_feature_draft(module, target.model, val_batches)  # the initialisation, before training
+    def evaluate(m: FeatureDraftModule) -> dict[str, float]:
+        return evaluate_feature_draft(m, target.model, val_batches, tv_weight=tv_weight, tv_temperature=tv_temperature)
+
+    initial = evaluate(module)  # the initialisation, before training
     summary = train_loop(module, lambda m, b: feature_draft_loss(m, target.model, b,  # type: ignore[arg-type]
-                                                                 feature_weight=feature_weight),
+                                                                 feature_weight=feature_weight, tv_weight=tv_weight,
+                                                                 tv_temperature=tv_temperature),
                          args, name="feature-draft",
-                         eval_fn=lambda m: evaluate_feature_draft(m, target.model, val_batches),  # type: ignore[arg-type]
+                         eval_fn=evaluate,  # type: ignore[arg-type]
                          sampler=sampler)
     summary.update(target=str(target_ref), kind="feature", mlp_size=shape.mlp_size, head_tokens=shape.head_tokens,
                    exit_layer=shape.exit_layer,
                    text_coverage=round(coverage, 4), trained_params=n_module, target_params=target.n_params,
                    generations=int(generations.shape[0]), sampled_generations=sampled_generations,
-                   feature_weight=feature_weight, init_from=str(init_from) if init_from is not None else None,
+                   feature_weight=feature_weight, tv_weight=tv_weight,
+                   tv_temperature=tv_temperature if tv_weight > 0 else None, init_from=str(init_from) if init_from is not None else None,
                    **{f"initial_val_{name}": value for name, value in initial.items()})
     (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     save_feature_draft(module, config, save_to or args.out_dir, training=summary, dtype=_saved_dtype(target))
