@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from hf_factory import make_hf_checkpoint
+from quickdraft.batch.drafters import BatchedFeatureDraft, DraftRequest
 from quickdraft.drafters.base import DraftContext
 from quickdraft.drafters.feature_draft import FeatureDrafter
 from quickdraft.drafters.self_draft import SelfDraftDrafter
@@ -188,3 +189,47 @@ def test_an_exit_adapter_fed_features_drafts_as_the_adapter_before_training(adap
         greedy = SamplingParams(temperature=0.0)
         expected = exit_drafter.propose(tokens, 5, greedy, sampler_for(greedy)).tokens
         assert _drafted(fed, target, tokens, 5, greedy, stepwise=False) == expected
+
+
+@pytest.mark.parametrize("feedback", ["predicted", "latest"])
+def test_a_batch_of_sequences_drafts_in_one_native_call_as_each_would_alone(feedback: str, tmp_path: Path) -> None:
+    target = load_model(make_hf_checkpoint("llama", tmp_path / "t", num_hidden_layers=3, hidden_size=64), dtype="bf16")
+    target.model.pack_products()
+    draft_dir = perturbed_draft(target, tmp_path / "fd", feedback=feedback)
+    vocab = target.config.vocab_size
+    cache = target.model.new_cache(64, batch=4)
+    batched = BatchedFeatureDraft(FeatureDrafter(target, draft_dir), cache, 4, 64, vocab)
+    native = batched.model.native
+    assert native is not None
+    calls = []
+    one_call = native.draft_batch
+    native.draft_batch = lambda *args, **kwargs: calls.append(args) or one_call(*args, **kwargs)
+    texts = [list(p) for p in PROMPTS]
+    batched.begin(list(enumerate(texts)))
+    fed = [0] * len(texts)  # tokens each target entry holds
+    for sampling in (SamplingParams(temperature=0.0), SamplingParams(0.8, seed=3)):
+        for _ in range(2):  # a second proposal feeds several committed rows with their features
+            for slot, tokens in enumerate(texts):
+                target.model.prefill(torch.tensor([tokens[fed[slot]:-1]]), fed[slot], cache.entry(slot))
+                fed[slot] = len(tokens) - 1
+            requests = [DraftRequest(slot, tokens, 5, sampling, sampler_for(sampling))
+                        for slot, tokens in enumerate(texts)]
+            drafts = batched.propose(requests, len(texts))
+            lone = [_drafted(FeatureDrafter(target, draft_dir), target, tokens, 5, sampling, stepwise=False)
+                    for tokens in texts]
+            assert [d.tokens for d in drafts] == lone, sampling
+            for slot, draft in enumerate(drafts):  # two drafted tokens kept, then the "target's" own
+                texts[slot] += draft.tokens[:2] + [int(HEAD[slot])]
+    assert len(calls) == 4  # every proposal one call for the batch
+
+
+def test_a_batch_of_feature_drafts_keeps_greedy_exact(tmp_path: Path) -> None:
+    target = load_model(make_hf_checkpoint("llama", tmp_path / "t", num_hidden_layers=3, hidden_size=64), dtype="bf16")
+    engine = Engine(target, f"self:{perturbed_draft(target, tmp_path / 'fd')}", exact=True)
+    plain = [engine.generate(p, 40, gamma=0).token_ids for p in PROMPTS]
+    native = engine.batch_scheduler(4).drafter.model.native
+    calls = []
+    one_call = native.draft_batch
+    native.draft_batch = lambda *args, **kwargs: calls.append(args) or one_call(*args, **kwargs)
+    assert [r.token_ids for r in engine.generate_batch(PROMPTS, 40, gamma=3, max_batch=4)] == plain
+    assert calls  # the sequences drafted together

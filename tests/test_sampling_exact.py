@@ -250,12 +250,13 @@ def test_self_draft_sampling_matches_target_distribution(pair, gpt2_target, arch
 @pytest.mark.slow
 @pytest.mark.parametrize("arch,rule,temperature,top_k,top_p,path", [
     ("llama", "rejection", 1.0, 0, 1.0, "single"), ("llama", "coupled", 0.8, 5, 0.9, "single"),
-    ("gpt2", "rejection", 0.8, 0, 0.9, "batched")])
+    ("gpt2", "rejection", 0.8, 0, 0.9, "batched"), ("llama", "rejection", 0.8, 0, 1.0, "batched")])
 def test_feature_draft_sampling_matches_target_distribution(pair, gpt2_target, arch, rule, temperature, top_k, top_p,
                                                             path, tmp_path):
     """A feature draft (one perturbed layer on the target's features, a head over 8 of the 12
     tokens): its drafts are drawn from its own features after the first, and the tokens outside its
-    head still come out through the target."""
+    head still come out through the target. Batched on Llama, the sequences draw their drafts in one
+    native call (draft_batch with features)."""
     from quickdraft.model.feature_draft import FeatureDraftModule, FeatureDraftShape, save_feature_draft
 
     target = pair[0] if arch == "llama" else gpt2_target
@@ -269,10 +270,16 @@ def test_feature_draft_sampling_matches_target_distribution(pair, gpt2_target, a
     params = SamplingParams(temperature, top_k, top_p, rule=rule)
     engine = Engine(target, f"self:{tmp_path / 'feature_draft'}", exact=False)
     assert engine.drafter is not None and engine.drafter.name == "feature-draft"
+    calls = []
     if path == "batched":
+        native = engine.batch_scheduler(BATCH).drafter.model.native
+        if native is not None:
+            one_call = native.draft_batch
+            native.draft_batch = lambda *args, **kwargs: calls.append(args) or one_call(*args, **kwargs)
         samples = batched_samples(engine, [(params, 3)], N_SAMPLES_MULTI_LAYER)[0]
     else:
         samples = speculative_samples(engine, params, 3, N_SAMPLES_MULTI_LAYER)
+    assert bool(calls) == (path == "batched" and arch == "llama")  # Llama's batch draws in one native call
     assert engine.generate(PROMPT, 16, SamplingParams(1.0, seed=0), gamma=3).stats.accepted > 0
     assert np.isin(samples, [4, 7, 10, 11]).any()
     p_values = fit_p_values(samples, exact_joint(target, params))

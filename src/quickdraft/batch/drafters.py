@@ -81,6 +81,8 @@ def _race(requests: list[DraftRequest], logits: list[torch.Tensor], offset: int)
 class _ModelDrafter(BatchDrafter):
     """Autoregressive drafting with a [S, T] forward per position: ``_forward(tokens, positions, S)``."""
 
+    holds_features = False  # a feature draft's feedback (drafters/feature_draft.py)
+
     def __init__(self, vocab_limit: int, capacity: int) -> None:
         self.vocab_limit = vocab_limit
         self.capacity = capacity
@@ -101,6 +103,10 @@ class _ModelDrafter(BatchDrafter):
         """Prefill what a sequence lacks beyond its last few tokens (a new sequence's prompt, or what
         steps without drafts committed); the seconds it took."""
         return 0.0
+
+    def _fed_features(self, active: list[DraftRequest]) -> dict[int, torch.Tensor] | None:
+        """A feature draft's features for each sequence's first rows (``_first_rows``), by slot."""
+        return None
 
     def propose(self, requests: list[DraftRequest], n_slots: int) -> list[Draft]:
         active = [r for r in requests if r.k > 0]
@@ -191,9 +197,12 @@ class _ModelDrafter(BatchDrafter):
                 gumbel[r.slot], temperatures[r.slot] = native_draft_noise(len(r.tokens), r.k, self.vocab_limit,
                                                                           r.sampling, r.sampler, r.adjuster)
         needed = max(first[r.slot][1] + len(first[r.slot][0]) + r.k for r in active)
+        fed = self._fed_features(active)
         drafted = model.native.draft_batch([first.get(slot) for slot in range(n_slots)], ks, self.vocab_limit, cache,
                                            window_bucket(needed, self.capacity), gumbel, temperatures, n_layers,
-                                           uniforms, head_logits)
+                                           uniforms, head_logits,
+                                           None if fed is None else [fed.get(slot) for slot in range(n_slots)],
+                                           self.holds_features)
         by_slot = {r.slot: drafted[r.slot] for r in active}
         self._after_propose(active, by_slot)
         calls = max(ks)
@@ -346,30 +355,64 @@ class BatchedPromptLookup(BatchDrafter):
         self.per_slot[destination] = self.per_slot[source]
 
 
-class BatchedFeatureDraft(BatchDrafter):
-    """The feature draft, one sequence after another: a drafter per slot over the shared module, each
-    reading its sequence's features from the batch's target cache. Correct, not yet batched: its
-    forwards are not grouped into [S, T] calls as the draft model's are."""
+class BatchedFeatureDraft(_ModelDrafter):
+    """The feature draft over one batched cache of its own, each entry followed by a drafter of the
+    sequence (its catch-up and its features, read from the batch's target cache). Several sequences
+    drafting natively draft in one native call, [S, rows] forwards fed with each sequence's features;
+    a lone sequence, or draws the native call does not make, draft one sequence after another."""
 
     name = "feature-draft"
 
     def __init__(self, drafter: FeatureDrafter, target_cache: KVCache, max_batch: int, capacity: int,
                  vocab_limit: int) -> None:
-        self.template, self.capacity, self.vocab_limit = drafter, capacity, vocab_limit
+        super().__init__(vocab_limit, capacity)
+        self.template, self.model = drafter, drafter.model
+        self.holds_features = drafter.holds_features
         self.features = target_cache.keep_features(drafter.n_embd)  # before any prefill writes the cache
+        self.cache = self.model.new_cache(capacity, batch=max_batch)
+        self.cache.keep_features(drafter.n_embd)
         self.per_slot: list[FeatureDrafter | None] = [None] * max_batch
 
     def begin(self, admitted: list[tuple[int, list[int]]]) -> None:
         for slot, _ in admitted:
             drafter = self.per_slot[slot] or self.template.sharing_weights()
-            drafter.follow(self.features[slot], self.capacity, self.vocab_limit, None)
+            drafter.follow(self.features[slot], self.capacity, self.vocab_limit, None, cache=self.cache.entry(slot))
             self.per_slot[slot] = drafter
 
+    def _drafter(self, slot: int) -> FeatureDrafter:
+        drafter = self.per_slot[slot]
+        assert drafter is not None and drafter.cache is not None, "begin() first"
+        return drafter
+
+    def _first_rows(self, request: DraftRequest) -> tuple[list[int], int]:
+        start = self._drafter(request.slot).cache.length  # type: ignore[union-attr]
+        return request.tokens[start:], start
+
+    def _fed_features(self, active: list[DraftRequest]) -> dict[int, torch.Tensor]:
+        return {r.slot: self._drafter(r.slot).true_features(self._first_rows(r)[1], len(r.tokens)) for r in active}
+
+    def _native_drafting(self) -> tuple[Transformer, KVCache, int | None] | None:
+        return None if self.model.native is None else (self.model, self.cache, None)
+
+    def _catch_up(self, active: list[DraftRequest]) -> float:
+        return sum(self._drafter(r.slot).catch_up(r.tokens) for r in active)
+
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, n_slots: int, window: int) -> torch.Tensor:
+        raise NotImplementedError("a batch of feature drafts drafts natively or one sequence after another")
+
+    def _after_propose(self, active: list[DraftRequest], drafted: dict[int, list[int]]) -> None:
+        for r in active:  # only the rows fed with the target's features stay
+            self._drafter(r.slot).cache.length = len(r.tokens)  # type: ignore[union-attr]
+
+    @torch.inference_mode()
     def propose(self, requests: list[DraftRequest], n_slots: int) -> list[Draft]:
+        active = [r for r in requests if r.k > 0]
+        if len(active) > 1 and self.model.native is not None and \
+                all(drafts_natively(r.sampling, r.sampler) for r in active):
+            return super().propose(requests, n_slots)
         out = []
         for r in requests:
-            drafter = self.per_slot[r.slot]
-            assert drafter is not None
+            drafter = self._drafter(r.slot)
             drafter.adjuster = r.adjuster
             out.append(drafter.propose(r.tokens, r.k, r.sampling, r.sampler) if r.k > 0 else Draft([], None))
         return out
@@ -377,7 +420,11 @@ class BatchedFeatureDraft(BatchDrafter):
     def move(self, source: int, destination: int) -> None:
         moved = self.per_slot[source]
         self.per_slot[source], self.per_slot[destination] = self.per_slot[destination], moved
-        if moved is not None:
+        if moved is not None and moved.cache is not None:
+            length = moved.cache.length
+            self.cache.move_entry(source, destination, length)
+            moved.cache = self.cache.entry(destination)
+            moved.cache.length = length
             moved.target_features = self.features[destination]
 
 

@@ -58,11 +58,14 @@ class FeatureDrafter(Drafter):
                     context.adjuster)
 
     def follow(self, target_features: torch.Tensor, capacity: int, vocab_limit: int,
-               adjuster: LogitAdjuster | None) -> None:
+               adjuster: LogitAdjuster | None, cache: KVCache | None = None) -> None:
         """Start a sequence whose target writes its features to ``target_features`` [slots, E] (a batch
-        drafter's per-sequence drafters share the batch's target cache)."""
+        drafter's per-sequence drafters share the batch's target cache), in ``cache`` when given (an
+        entry of the batch drafter's cache, keeping features), else in a cache of its own."""
         self.target_features = target_features
-        if self.cache is None or self.cache.capacity < capacity:
+        if cache is not None:
+            self.cache = cache
+        elif self.cache is None or self.cache.capacity < capacity:
             self.cache = self.model.new_cache(capacity)
             self.cache.keep_features(self.n_embd)
         self.cache.reset()
@@ -75,7 +78,7 @@ class FeatureDrafter(Drafter):
         twin.cache = twin.target_cache = twin.target_features = None
         return twin
 
-    def _true_features(self, first: int, last: int) -> torch.Tensor:
+    def true_features(self, first: int, last: int) -> torch.Tensor:
         """The features [last - first, E] fed with the tokens at positions first..last-1: the target's
         at the position before each, zeros before the first token."""
         assert self.target_features is not None, "begin() first"
@@ -111,7 +114,7 @@ class FeatureDrafter(Drafter):
         self.cache.length = first + t
         return out[0, -1, : self.vocab_limit] if logits and out is not None else None
 
-    def _catch_up(self, tokens: list[int]) -> float:
+    def catch_up(self, tokens: list[int]) -> float:
         """Feed all but the last of the positions the cache lacks when more than CATCH_UP_AFTER are
         pending (the prompt, plain steps), in chunks the native forward takes; the seconds it took."""
         assert self.cache is not None
@@ -121,16 +124,16 @@ class FeatureDrafter(Drafter):
         start = time.perf_counter()
         for chunk in range(first, last, NATIVE_MAX_ROWS):
             end = min(chunk + NATIVE_MAX_ROWS, last)
-            self._feed(tokens[chunk:end], chunk, self._true_features(chunk, end), logits=False)
+            self._feed(tokens[chunk:end], chunk, self.true_features(chunk, end), logits=False)
         return time.perf_counter() - start
 
     @torch.inference_mode()
     def propose(self, tokens: list[int], k: int, sampling: SamplingParams, sampler: TokenSampler,
                 confidence_stop: float | None = None) -> Draft:
         assert self.cache is not None, "begin() first"
-        catch_up = self._catch_up(tokens)
+        catch_up = self.catch_up(tokens)
         first, n = self.cache.length, len(tokens)
-        features = self._true_features(first, n)
+        features = self.true_features(first, n)
         if confidence_stop is None and self.model.native is not None and drafts_natively(sampling, sampler):
             draft = self._propose_natively(tokens, first, features, k, sampling, sampler)
         else:

@@ -1333,6 +1333,9 @@ at::Tensor draft_greedy(const at::Tensor& tokens, int64_t start, int64_t k, int6
 // inverse_temperatures[b] (see draft_pick). uniforms[b], when not empty ([ks[b]] float64), draws sequence
 // b's tokens instead (draft_sample, as in draft_greedy), and logits_out[b], when not empty ([ks[b], head
 // rows] float32), receives its steps' logits. -> drafted [B, max ks] (-1 past a sequence's ks[b]).
+// A feature draft passes input_features [B * T, E] for the fed rows (padding rows' zeros), feature_proj
+// and features_out [B, slots, E], as draft_greedy does: each sequence's drafted tokens are fed with the
+// features their steps computed, or with hold_features its last fed row's again.
 template <typename T>
 at::Tensor draft_batch_native(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& ks,
                               int64_t window, int64_t vocab_limit, const at::Tensor& cos, const at::Tensor& signed_sin,
@@ -1340,8 +1343,11 @@ at::Tensor draft_batch_native(const at::Tensor& tokens, const at::Tensor& positi
                               int64_t n_head, int64_t n_kv, int64_t head_dim, int64_t intermediate, int64_t vocab,
                               double eps, const at::Tensor& head_ids, at::TensorList gumbel,
                               at::ArrayRef<double> inverse_temperatures, at::TensorList uniforms,
-                              at::TensorList logits_out) {
+                              at::TensorList logits_out, const at::Tensor& input_features,
+                              const at::Tensor& feature_proj, const at::Tensor& features_out, bool hold_features) {
   const int64_t batch = tokens.size(0), capacity = keys[0].size(2);
+  TORCH_CHECK(input_features.numel() == 0 || features_out.numel() > 0,
+              "draft_batch: a feature draft writes the features it feeds back to features_out");
   TORCH_CHECK(tokens.dim() == 2 && positions.sizes() == tokens.sizes() && ks.numel() == batch &&
               ks.scalar_type() == at::kLong && static_cast<int64_t>(gumbel.size()) == batch &&
               static_cast<int64_t>(inverse_temperatures.size()) == batch && static_cast<int64_t>(uniforms.size()) == batch &&
@@ -1379,13 +1385,21 @@ at::Tensor draft_batch_native(const at::Tensor& tokens, const at::Tensor& positi
   std::vector<int64_t> last_position(batch);
   const auto* first_positions = at_positions.data_ptr<int64_t>();
   for (int64_t b = 0; b < batch; ++b) last_position[b] = first_positions[(b + 1) * tokens.size(1) - 1];
+  const bool features = input_features.numel() > 0;
+  at::Tensor feed_features = features ? input_features : no_features;
+  // hold_features: each sequence's last fed row's feature, fed again with every drafted token
+  const at::Tensor held = features && hold_features
+      ? input_features.view({batch, tokens.size(1), -1}).select(1, tokens.size(1) - 1).contiguous() : no_features;
   for (int64_t i = 0; i < k_max; ++i) {
     const at::Tensor mask = (cache_slots <= at_positions.unsqueeze(2)).contiguous();  // causal over the window
     const at::Tensor logits = forward_native<T>(feed, at_positions, at_positions, mask, cos, signed_sin, keys, values,
                                                 weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, 1,
-                                                no_features, no_features, no_features);
+                                                feed_features, features ? feature_proj : no_features,
+                                                features ? features_out : no_features);
     const T* rows = logits.data_ptr<T>();
     at::Tensor next = at::zeros({batch, 1}, ids), next_positions = at::full({batch, 1}, capacity - 1, ids);
+    const at::Tensor next_features = !features ? no_features
+        : hold_features ? held : at::zeros({batch, input_features.size(1)}, input_features.options());
     auto* next_token = next.data_ptr<int64_t>();
     auto* next_position = next_positions.data_ptr<int64_t>();
     bool feeding = false;
@@ -1400,6 +1414,7 @@ at::Tensor draft_batch_native(const at::Tensor& tokens, const at::Tensor& positi
           : draft_pick(row, vocab_limit, row_token, g, scale);
       out[b * k_max + i] = best;
       if (i + 1 < k[b]) {
+        if (features && !hold_features) next_features[b].copy_(features_out[b][last_position[b]]);
         next_token[b] = best;
         next_position[b] = ++last_position[b];
         feeding = true;
@@ -1408,6 +1423,7 @@ at::Tensor draft_batch_native(const at::Tensor& tokens, const at::Tensor& positi
     if (!feeding) break;
     feed = next;
     at_positions = next_positions;
+    feed_features = next_features;
   }
   return drafted;
 }
@@ -1417,12 +1433,14 @@ at::Tensor draft_batch(const at::Tensor& tokens, const at::Tensor& positions, co
                        at::TensorList values, at::TensorList weights, int64_t n_layers, int64_t n_head, int64_t n_kv,
                        int64_t head_dim, int64_t intermediate, int64_t vocab, double eps, const at::Tensor& head_ids,
                        at::TensorList gumbel, at::ArrayRef<double> inverse_temperatures, at::TensorList uniforms,
-                       at::TensorList logits_out) {
+                       at::TensorList logits_out, const at::Tensor& input_features, const at::Tensor& feature_proj,
+                       const at::Tensor& features_out, bool hold_features) {
   return by_weight_dtype("draft_batch", weights[0], cos, [&](auto element) {
     return draft_batch_native<decltype(element)>(tokens, positions, ks, window, vocab_limit, cos, signed_sin, keys,
                                                  values, weights, n_layers, n_head, n_kv, head_dim, intermediate,
                                                  vocab, eps, head_ids, gumbel, inverse_temperatures, uniforms,
-                                                 logits_out);
+                                                 logits_out, input_features, feature_proj, features_out,
+                                                 hold_features);
   });
 }
 
@@ -1656,7 +1674,8 @@ TORCH_LIBRARY(quickdraft, m) {
   m.def("draft_batch(Tensor tokens, Tensor positions, Tensor ks, int window, int vocab_limit, Tensor cos, "
         "Tensor signed_sin, Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, "
         "int n_kv, int head_dim, int intermediate, int vocab, float eps, Tensor head_ids, Tensor[] gumbel, "
-        "float[] inverse_temperatures, Tensor[] uniforms, Tensor(c!)[] logits_out) -> Tensor");
+        "float[] inverse_temperatures, Tensor[] uniforms, Tensor(c!)[] logits_out, Tensor input_features, "
+        "Tensor feature_proj, Tensor(d!) features_out, bool hold_features) -> Tensor");
   m.def("nucleus_keep(Tensor probs, float top_p, float margin) -> Tensor");
   m.def("exponential_noise(Tensor keys, int vocab) -> Tensor");
   m.def("nucleus_race(Tensor probs, Tensor noise, float top_p, float margin) -> Tensor");

@@ -139,7 +139,8 @@ class NativeForward:
     def draft_batch(self, feeds: list[tuple[list[int], int] | None], ks: list[int], vocab_limit: int, cache: KVCache,
                     window: int, gumbel: list[torch.Tensor | None], temperatures: list[float],
                     n_layers: int | None = None, uniforms: list[torch.Tensor | None] | None = None,
-                    logits_out: list[torch.Tensor | None] | None = None) -> list[list[int]]:
+                    logits_out: list[torch.Tensor | None] | None = None,
+                    features: list[torch.Tensor | None] | None = None, hold_features: bool = False) -> list[list[int]]:
         """``draft_greedy`` for the first B = len(feeds) entries of ``cache`` in one C++ call: entry b
         feeds ``feeds[b]`` = (tokens, position of the first), or nothing (None), then drafts ks[b]
         tokens, greedily or, with ``gumbel[b]`` [ks[b], V], raced at ``temperatures[b]``. Every
@@ -147,7 +148,8 @@ class NativeForward:
         shorter feed, and sequences done drafting, write scratch slots at the end of their entry,
         past any sequence's data. ``n_layers``: the first layers only (early exit). ``uniforms[b]``
         [ks[b]] draws entry b's tokens instead (``draft_greedy``'s draw), ``logits_out[b]`` receives
-        its steps' logits."""
+        its steps' logits. A feature draft passes ``features[b]`` [len(feeds[b][0]), E] for entry b's fed
+        tokens (``draft_greedy``'s ``input_features``; ``hold_features`` likewise)."""
         head_ids = self.model.head_ids
         if head_ids is not None:
             vocab_limit = int(torch.searchsorted(head_ids, vocab_limit))
@@ -164,9 +166,19 @@ class NativeForward:
             pad = width - len(tokens)
             token_rows.append([0] * pad + tokens)
             position_rows.append(list(range(scratch, scratch + pad)) + list(range(start, start + len(tokens))))
+        input_features = None
+        if features is not None:
+            input_features = self.model.embed.weight.new_zeros(len(feeds), width, self.model.config.n_embd)
+            for b, rows in enumerate(features):
+                if rows is not None:
+                    input_features[b, width - len(rows):] = rows
+        entries = cache if cache.batch == len(feeds) else cache.first(len(feeds))
         drafted = kernels.draft_batch(
             torch.tensor(token_rows), torch.tensor(position_rows), ks, window, vocab_limit,
             *self._cache_inputs(cache, len(feeds), cache.capacity), self.weights,
             self.model.config.n_layer if n_layers is None else n_layers, *self.shape, self.eps, head_ids, gumbel,
-            temperatures, uniforms, logits_out)
+            temperatures, uniforms, logits_out,
+            None if input_features is None else input_features.view(-1, input_features.shape[-1]),
+            None if features is None else packed(self.model.fuse_feature),
+            None if features is None else entries.features, hold_features)
         return [row[:k] for row, k in zip(drafted.tolist(), ks)]
