@@ -19,6 +19,7 @@ from quickdraft.drafters.feature_draft import FeatureDrafter
 from quickdraft.drafters.self_draft import SelfDraftDrafter
 from quickdraft.engine import Engine
 from quickdraft.errors import ModelFormatError, QuickdraftError
+from quickdraft.model import feature_draft as feature_draft_model
 from quickdraft.model.feature_draft import (
     CONFIG_FILE,
     FeatureDraftModule,
@@ -45,6 +46,7 @@ def perturbed_draft(target: LoadedModel, out: Path, *, mlp_size: int = 32, seed:
     with torch.no_grad():
         for p in module.layers.parameters():
             p.add_(torch.randn(p.shape, generator=generator) * 0.2 * p.std())
+        module.fuse_token.weight.add_(torch.randn(module.fuse_token.weight.shape, generator=generator) * 0.05)
     save_feature_draft(module, target.config, out)
     return out
 
@@ -85,14 +87,19 @@ def _drafted(drafter: FeatureDrafter, target: LoadedModel, tokens: list[int], k:
     return draft.tokens
 
 
-@pytest.mark.parametrize("arch,mlp_size,feedback", [("llama", 32, "predicted"), ("qwen2", 32, "predicted"),
-                                                    ("llama", 0, "predicted"), ("qwen2", 32, "latest")])
+@pytest.mark.parametrize("arch,mlp_size,feedback,folded", [
+    ("llama", 32, "predicted", True), ("qwen2", 32, "predicted", True), ("llama", 0, "predicted", True),
+    ("qwen2", 32, "latest", True), ("llama", 32, "predicted", False), ("qwen2", 32, "latest", False)])
 def test_the_one_call_chain_feeds_back_the_features_its_steps_predict(arch: str, mlp_size: int, feedback: str,
-                                                                      tmp_path: Path) -> None:
+                                                                      folded: bool, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    if not folded:  # a vocabulary too large to fold W_token into a table of the draft's own
+        monkeypatch.setattr(feature_draft_model, "FOLDED_TABLE_LIMIT_BYTES", 0)
     target = load_model(make_hf_checkpoint(arch, tmp_path / "t", num_hidden_layers=3, hidden_size=64), dtype="bf16")
     target.model.pack_products()
     drafter = FeatureDrafter(target, perturbed_draft(target, tmp_path / "fd", mlp_size=mlp_size, feedback=feedback))
     assert drafter.model.native is not None  # the C++ chain, attention-only layer included
+    assert (drafter.model.embed is target.model.embed) is not folded
     for sampling in (SamplingParams(temperature=0.0), SamplingParams(0.8, seed=3)):
         for tokens in PROMPTS:
             native = _drafted(drafter, target, tokens, 6, sampling, stepwise=False)
@@ -101,7 +108,39 @@ def test_the_one_call_chain_feeds_back_the_features_its_steps_predict(arch: str,
             assert all(t in HEAD.tolist() for t in native)  # the subset head drafts its own tokens only
 
 
-def test_greedy_stays_bit_identical_alone_batched_and_with_trees(target: LoadedModel, tmp_path: Path) -> None:
+@pytest.mark.parametrize("folded", [True, False])
+def test_the_native_forward_computes_the_per_op_paths_logits(folded: bool, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    if not folded:
+        monkeypatch.setattr(feature_draft_model, "FOLDED_TABLE_LIMIT_BYTES", 0)
+    target = load_model(make_hf_checkpoint("llama", tmp_path / "t", num_hidden_layers=3, hidden_size=64), dtype="bf16")
+    target.model.pack_products()
+    native = FeatureDrafter(target, perturbed_draft(target, tmp_path / "fd"))
+    per_op = FeatureDrafter(target, tmp_path / "fd")
+    per_op.model.native = None  # the torch ops, with the same packed products
+
+    def first_logits(drafter: FeatureDrafter, tokens: list[int]) -> torch.Tensor:
+        cache = target.model.new_cache(64)
+        drafter.begin(tokens, DraftContext(target.model, cache, 64, target.config.vocab_size))
+        target.model.prefill(torch.tensor([tokens[:-1]]), 0, cache)
+        cache.set_length(len(tokens) - 1)
+        logits = drafter._feed(tokens, 0, drafter.true_features(0, len(tokens)), logits=True)
+        assert logits is not None
+        return logits.float()
+
+    for tokens in PROMPTS:
+        expected, got = first_logits(per_op, tokens), first_logits(native, tokens)
+        head = torch.isfinite(expected)  # the subset head's tokens (-inf elsewhere)
+        assert torch.equal(torch.isfinite(got), head) and int(head.sum()) == len(HEAD)
+        tolerance = {"rtol": 0.05, "atol": 0.05 * float(expected[head].abs().max())}  # bf16, two computation orders
+        torch.testing.assert_close(got[head], expected[head], **tolerance)
+
+
+@pytest.mark.parametrize("folded", [True, False])
+def test_greedy_stays_bit_identical_alone_batched_and_with_trees(target: LoadedModel, folded: bool, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    if not folded:
+        monkeypatch.setattr(feature_draft_model, "FOLDED_TABLE_LIMIT_BYTES", 0)
     draft_dir = perturbed_draft(target, tmp_path / "fd")
     engine = Engine(target, f"self:{draft_dir}", exact=True, tree_nodes=8)
     assert engine.drafter is not None and engine.drafter.name == "feature-draft"
@@ -147,6 +186,27 @@ def test_the_composed_draft_folds_the_token_fusion_and_the_feature_scale_in(tmp_
     expected = module.predict(target.model, tokens, previous)
     x = draft.embed(tokens) + draft.fuse_feature(previous)  # raw features: the scale is folded in
     torch.testing.assert_close(target.model.continue_layers(x, draft.layers), expected)
+
+
+def test_a_large_vocabulary_keeps_the_targets_token_table_and_projects_it(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    target = load_model(make_hf_checkpoint("llama", tmp_path / "t", num_hidden_layers=2, hidden_size=64))
+    module = FeatureDraftModule.initialised_from(target.model, FeatureDraftShape(len(HEAD), 32), HEAD)
+    with torch.no_grad():
+        module.fuse_token.weight.add_(torch.randn(64, 64, generator=torch.Generator().manual_seed(0)) * 0.1)
+    module.feature_scale.fill_(0.25)
+    table = target.model.embed.weight
+    monkeypatch.setattr(feature_draft_model, "FOLDED_TABLE_LIMIT_BYTES", table.numel() * table.element_size() - 1)
+    draft = compose(target.model, module)
+    assert draft.embed is target.model.embed  # no second vocab x n_embd table
+    tokens = torch.tensor([[3, 7, 11]])
+    previous = torch.randn(1, 3, 64)
+    x = draft.fuse_token(draft.embed(tokens)) + draft.fuse_feature(previous)
+    torch.testing.assert_close(target.model.continue_layers(x, draft.layers),
+                               module.predict(target.model, tokens, previous))
+    monkeypatch.setattr(feature_draft_model, "FOLDED_TABLE_LIMIT_BYTES", table.numel() * table.element_size())
+    folded = compose(target.model, module)
+    assert folded.embed is not target.model.embed and not hasattr(folded, "fuse_token")
 
 
 @pytest.mark.parametrize("tree", [False, True])

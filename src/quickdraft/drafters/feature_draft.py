@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from quickdraft.drafters.base import Draft, DraftContext, Drafter, draft_autoregressively
 from quickdraft.drafters.draft_model import CATCH_UP_AFTER, drafts_natively, drawn_distribution, native_draft_noise, \
@@ -48,7 +49,8 @@ class FeatureDrafter(Drafter):
         self.vocab_limit = target.config.vocab_size
         self.adjuster: LogitAdjuster | None = None
         blocks = module.blocks(target.model)
-        weights = sum(p.numel() for p in (*blocks.parameters(), *module.fuse_feature.parameters(),
+        weights = sum(p.numel() for p in (*blocks.parameters(), *self.model.fuse_feature.parameters(),
+                                          *getattr(self.model, "fuse_token", nn.Identity()).parameters(),
                                           *module.norm.parameters(), *module.lm_head.parameters()))
         self._cost_hint = weights / max(1, target.n_params)
 
@@ -103,7 +105,10 @@ class FeatureDrafter(Drafter):
                                input_features=features)
         else:
             pos = torch.arange(first, first + t, device=model.device)
-            x = model.embed(ids) + linear(model.fuse_feature, features)[None]
+            x = model.embed(ids)
+            if getattr(model, "fuse_token", None) is not None:  # W_token not folded into a table (compose)
+                x = linear(model.fuse_token, x)
+            x = x + linear(model.fuse_feature, features)[None]
             if model.pos_embed is not None:
                 x = x + model.pos_embed(pos)
             rope = model._rope(pos, first + t) if self.positional else None

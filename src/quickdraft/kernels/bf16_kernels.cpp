@@ -955,7 +955,8 @@ at::Tensor rms_norm_bf16(const at::Tensor& x, const at::Tensor& weight, double e
 //
 // weights: embed [V, E]; per layer: attn_norm [E], qkv (packed), qkv_bias (fp32, or empty),
 // out (packed), mlp_norm [E], up (packed, gate then up), down (packed) (all three empty: a layer without
-// an MLP); then norm [E], head (packed).
+// an MLP); then norm [E], head (packed); then, optionally, token_proj (packed, E -> E): the embeddings
+// are projected by it (a feature draft's W_token, kept apart from a table too large to fold it into).
 // Features (a feature draft's, model/feature_draft.py), each empty when unused: input_features [B * T, E]
 // (the weights' dtype) are projected by feature_proj (packed, E -> E) and added to the rows' embeddings;
 // features_out [B, slots, E] receives each row's residual stream after the last layer run (before the
@@ -972,8 +973,9 @@ at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions,
   const at::Tensor& embed = weights[0];
   const int64_t e = embed.size(1), d = head_dim, q_dim = n_head * d, kv_dim = n_kv * d;
   const int64_t qkv_dim = q_dim + 2 * kv_dim, half = d / 2;
-  TORCH_CHECK(static_cast<int64_t>(weights.size()) == 1 + kPerLayer * static_cast<int64_t>(keys.size()) + 2,
-              "forward: weights do not match the layers");
+  const int64_t n_weights = static_cast<int64_t>(weights.size());
+  const int64_t token_proj_at = 1 + kPerLayer * static_cast<int64_t>(keys.size()) + 2;
+  TORCH_CHECK(n_weights == token_proj_at || n_weights == token_proj_at + 1, "forward: weights do not match the layers");
   TORCH_CHECK(n_layers <= static_cast<int64_t>(keys.size()) && mask.size(1) == t && mask.size(2) <= keys[0].size(2) &&
               logits_rows >= 0 && logits_rows <= t, "forward: shapes");
   TORCH_CHECK(tokens.is_contiguous() && positions.is_contiguous() && slots.is_contiguous() && mask.is_contiguous() &&
@@ -996,6 +998,11 @@ at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions,
   for (int64_t r = 0; r < m; ++r) {
     TORCH_CHECK(tok[r] >= 0 && tok[r] < embed.size(0), "forward: token id out of range");
     std::copy(emb + tok[r] * e, emb + (tok[r] + 1) * e, h + r * e);
+  }
+  if (n_weights > token_proj_at) {
+    check_packed_for(h, weights[token_proj_at], e, e);
+    linear_rows(h, m, weights[token_proj_at], nullptr, e, proj);
+    std::copy(proj, proj + m * e, h);
   }
   const auto add_into_residual = [&](const T* y) {
     for (int64_t i = 0; i < m * e; i += kLanes)

@@ -16,8 +16,11 @@ target layers plus adapter. The target's verify pass writes every row's feature 
 predicted features only feed the tokens it drafts after the first. Verification is the target's:
 lossless whatever the draft predicts.
 
-``compose`` builds the draft as a one-layer ``Transformer`` (W_token folded into its embedding
-table, W_feature as ``fuse_feature``) that the native forward runs with feature inputs.
+``compose`` builds the draft as a one-layer ``Transformer`` (W_feature as ``fuse_feature``) that the
+native forward runs with feature inputs. W_token is folded into a token table of the draft's own
+when that table is small (FOLDED_TABLE_LIMIT_BYTES); a larger vocabulary keeps the target's table,
+shared, and W_token as ``fuse_token``: one n_embd × n_embd product per row instead of a second
+vocab × n_embd table (272 MB in bf16 for a 152k-token, 896-wide Qwen2).
 
 On disk (``quickdraft train self-draft --kind feature``; found at TARGET/self_draft by ``--drafter self``):
 
@@ -54,6 +57,8 @@ FEEDBACKS = ("predicted", "latest")
 VERSION = 1
 CONFIG_FILE = "self_draft.json"  # the directory convention of model/self_draft.py: one place per target
 WEIGHTS_FILE = "model.safetensors"
+# The largest token table (vocab × n_embd, the target's dtype) a composed draft folds W_token into.
+FOLDED_TABLE_LIMIT_BYTES = 32 * 2**20
 
 
 @dataclass(frozen=True)
@@ -161,15 +166,22 @@ class FeatureDraftModule(nn.Module):
 
 
 def compose(target: Transformer, module: FeatureDraftModule) -> Transformer:
-    """The draft as a one-layer Transformer: an embedding table with W_token folded in, the layer, the
-    norm and subset head, and ``fuse_feature`` for the feature inputs. Only its KV cache is its own."""
+    """The draft as a one-layer Transformer: an embedding table with W_token folded in (or the target's
+    own table and ``fuse_token``, above FOLDED_TABLE_LIMIT_BYTES), the layer, the norm and subset
+    head, and ``fuse_feature`` for the feature inputs. Only its KV cache is its own."""
     if module.config.n_embd != target.config.n_embd or module.lm_head.weight.dtype != target.dtype:
         raise QuickdraftError("the feature draft was built for another target or dtype")
     with torch.device("meta"):
         model = Transformer(module.config)
-    with torch.no_grad():
-        folded = module.fuse_token(target.embed.weight.float().to(module.fuse_token.weight.dtype))
-    model.embed = nn.Embedding.from_pretrained(folded.to(target.dtype), freeze=True)
+    table = target.embed.weight
+    if table.numel() * table.element_size() <= FOLDED_TABLE_LIMIT_BYTES:
+        with torch.no_grad():
+            folded = module.fuse_token(table.float().to(module.fuse_token.weight.dtype))
+        model.embed = nn.Embedding.from_pretrained(folded.to(target.dtype), freeze=True)
+    else:
+        model.embed = target.embed
+        model.fuse_token = nn.Linear(module.config.n_embd, module.config.n_embd, bias=False)
+        model.fuse_token.weight = nn.Parameter(module.fuse_token.weight.detach().to(target.dtype), requires_grad=False)
     # the features carry position (GPT-2's learned table is in them already); the target's own
     # layers, when the draft runs some, read it as they always do
     model.pos_embed = target.pos_embed if module.shape.exit_layer else None
@@ -177,8 +189,9 @@ def compose(target: Transformer, module: FeatureDraftModule) -> Transformer:
     model.norm, model.lm_head = module.norm, module.lm_head
     model.fuse_feature = nn.Linear(module.config.n_embd, module.config.n_embd, bias=False)
     with torch.no_grad():  # the scale folded in: the native forward projects raw features
-        model.fuse_feature.weight = nn.Parameter(module.fuse_feature.weight * module.feature_scale.to(folded.dtype),
-                                                 requires_grad=False)
+        model.fuse_feature.weight = nn.Parameter(
+            (module.fuse_feature.weight * module.feature_scale.to(module.fuse_feature.weight.dtype)).to(target.dtype),
+            requires_grad=False)
     model.inv_freq = target.inv_freq
     model.head_ids = module.head_ids
     return model.eval()

@@ -47,6 +47,9 @@ class NativeForward:
             weights += [block.attn_norm.weight.detach(), packed(block.attn.qkv),
                         empty if bias is None else bias.detach().float().contiguous(), packed(block.attn.out), *mlp]
         weights += [model.norm.weight.detach(), packed(model.lm_head)]
+        token_proj = getattr(model, "fuse_token", None)  # a feature draft's W_token, not folded into its table
+        if token_proj is not None:
+            weights.append(packed(token_proj))
         self.weights = weights
         self.shape = (c.n_head, c.n_kv_head, c.head_dim, c.intermediate_size, model.lm_head.out_features)
         self.eps = c.norm_eps
@@ -71,9 +74,9 @@ class NativeForward:
         products = [] if block is None else [block.attn.qkv, block.attn.out]
         if block is not None and block.mlp is not None:
             products += [block.mlp.up, block.mlp.down]
-        feature_proj = getattr(model, "fuse_feature", None)  # a feature draft's (model/feature_draft.py)
-        if feature_proj is not None:
-            products.append(feature_proj)
+        for fusion in ("fuse_feature", "fuse_token"):  # a feature draft's (model/feature_draft.py)
+            if getattr(model, fusion, None) is not None:
+                products.append(getattr(model, fusion))
         return (NativeForward.covers(model) and block is not None and packed(model.lm_head) is not None
                 and all(packed(layer) is not None for layer in products))
 
