@@ -12,6 +12,8 @@ import quickdraft.batch.prefill as prefill_module
 from quickdraft.batch.drafters import DraftRequest, batch_drafter
 from quickdraft.batch.prefill import PrefillChunk, prefill_groups
 from quickdraft.batch.scheduler import COST_OUTLIER, BatchScheduler, decayed
+from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.lookup_then_model import LookupThenModelDrafter
 from quickdraft.engine import PROBE_EVERY
 from quickdraft.measured_arms import MeasuredArms
 from quickdraft.errors import QuickdraftError
@@ -19,7 +21,7 @@ from quickdraft.model.loader import load_model
 from quickdraft.randomness import sampler_for
 from test_sampling_exact import ALPHA, PROMPT, exact_joint, fit_p_values, tiny_vocab_pair
 
-DRAFTERS = ("related", "early-exit:1", "prompt-lookup")
+DRAFTERS = ("related", "early-exit:1", "prompt-lookup", "prompt-lookup+related")
 
 
 def mixed_prompts(n: int) -> list[list[int]]:
@@ -36,7 +38,8 @@ def mixed_prompts(n: int) -> list[list[int]]:
 def engines(request, checkpoints) -> dict[str, Engine]:
     target = load_model(checkpoints["target"], dtype=request.param)
     related = load_model(checkpoints["related"], dtype=request.param)
-    return {name: Engine(target, related if name == "related" else name) for name in DRAFTERS}
+    drafters = {"related": related, "prompt-lookup+related": LookupThenModelDrafter(DraftModelDrafter(related))}
+    return {name: Engine(target, drafters.get(name, name)) for name in DRAFTERS}
 
 
 def run_staggered(scheduler: BatchScheduler, jobs: list[tuple[list[int], int, SamplingParams]], join_every: int):

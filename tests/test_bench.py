@@ -75,7 +75,7 @@ def test_bench_reports_every_configuration_and_greedy_outputs_equal_plain(pair, 
         assert (out / name).stat().st_size > 0
     rows = {r["method"]: r for r in report["results"]}
     expected = {"plain", "plain exact", "draft γ=1", "draft γ=3", "draft auto", "draft auto exact",
-                "early exit auto", "prompt lookup auto", "plain T=0.8", "draft γ=2 T=0.8", "draft auto T=0.8",
+                "early exit auto", "prompt lookup auto", "prompt lookup + draft auto", "plain T=0.8", "draft γ=2 T=0.8", "draft auto T=0.8",
                 "draft auto rejection T=0.8", "draft tree 16", "draft tree 16 exact", "plain exact tree 16"}
     assert expected <= set(rows)
     # exact mode's promise is per engine: a tree engine's exact rows are held to its own plain decoding
@@ -92,7 +92,7 @@ def test_bench_reports_every_configuration_and_greedy_outputs_equal_plain(pair, 
     for row in rows.values():
         assert row["tokens"] == 2 * 10  # EOS ignored: every method generates max_new_tokens per prompt
         assert row["tokens_per_s"] > 0
-        if row["family"] in ("draft", "early-exit", "prompt-lookup"):
+        if row["family"] in ("draft", "early-exit", "prompt-lookup", "lookup+draft"):
             for key in ("alpha", "acceptance_rate", "mean_accepted_length", "cost", "bound", "efficiency",
                         "per_position_acceptance"):
                 assert key in row

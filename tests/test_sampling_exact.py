@@ -25,6 +25,8 @@ import quickdraft.verify as verify_module
 import quickdraft.randomness as randomness
 from hf_factory import make_hf_checkpoint
 from quickdraft import Engine, SamplingParams
+from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.lookup_then_model import LookupThenModelDrafter
 from quickdraft.model.loader import load_model
 from quickdraft.sampling import probabilities
 
@@ -188,15 +190,20 @@ def test_speculative_sampling_matches_target_distribution(bigram_pair, temperatu
     "drafter,prompt,rule,path",
     [("draft-model", PROMPT, "rejection", "single"), ("draft-model", PROMPT, "rejection", "batched"),
      ("draft-model", PROMPT, "coupled", "single"), ("early-exit:1", PROMPT, "coupled", "single"),
-     ("prompt-lookup", REPETITIVE_PROMPT, "rejection", "single")],
+     ("prompt-lookup", REPETITIVE_PROMPT, "rejection", "single"),
+     ("prompt-lookup+draft-model", REPETITIVE_PROMPT, "rejection", "single"),
+     ("prompt-lookup+draft-model", REPETITIVE_PROMPT, "coupled", "batched")],
 )
 def test_multi_layer_sampling_matches_target_distribution(pair, drafter, prompt, rule, path):
     """A 2-layer target: the draft model and early exit draft with a q; prompt lookup drafts point
     masses (accepted exactly when the target's own sample would agree with them). The draft model's
-    rejection-rule chains are native draws (one call per proposal, alone or batched), q returned."""
+    rejection-rule chains are native draws (one call per proposal, alone or batched), q returned.
+    Lookup then the draft model: a sequence's steps switch between the two (lookup first, on the
+    repetitive prompt; the model once lookup's drafts fail)."""
     target, draft = pair
     params = SamplingParams(1.0, 0, 1.0, rule=rule)
-    engine = Engine(target, draft if drafter == "draft-model" else drafter, exact=False)
+    chosen = {"draft-model": draft, "prompt-lookup+draft-model": LookupThenModelDrafter(DraftModelDrafter(draft))}
+    engine = Engine(target, chosen.get(drafter, drafter), exact=False)
     if path == "batched":
         samples = batched_samples(engine, [(params, 3)], N_SAMPLES_MULTI_LAYER, prompt)[0]
     else:

@@ -52,7 +52,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--draft", help="draft model directory or hub repo id (same vocabulary as the target)")
     group.add_argument("--drafter", help="self[:PATH] (a trained self-draft; default PATH: TARGET/self_draft) | "
-                       "early-exit[:L] | prompt-lookup[:n] | a draft model path")
+                       "early-exit[:L] | prompt-lookup[:n] | a draft model path | prompt-lookup+SPEC: lookup where "
+                       "the context matches, the model drafter SPEC elsewhere (prompt-lookup+ alone: the embedded "
+                       "pair's draft)")
     group.add_argument("--no-draft", action="store_true",
                        help="no drafter: plain decoding (the baseline speculation is measured against)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
@@ -91,6 +93,8 @@ def resolve_target_and_drafter(args: argparse.Namespace) -> tuple[str, str | Non
         return target, None
     if drafter is None and args.__dict__.get("default_draft", True):
         drafter = embedded_draft_for(target)
+    elif drafter is not None and drafter.endswith("+") and embedded_draft_for(target) is not None:
+        drafter += str(embedded_draft_for(target))  # "prompt-lookup+": the embedded pair's own draft after lookup
     return target, drafter
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -20,6 +20,7 @@ from quickdraft.drafters.draft_model import (CATCH_UP_AFTER, DraftModelDrafter, 
                                              native_draw_inputs, races_natively)
 from quickdraft.drafters.early_exit import EarlyExitDrafter
 from quickdraft.drafters.feature_draft import FeatureDrafter
+from quickdraft.drafters.lookup_then_model import LookupOrModel, LookupThenModelDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.batch.prefill import PrefillChunk, grouping, prefill
 from quickdraft.batch.shapes import step_inputs, window_bucket
@@ -428,10 +429,65 @@ class BatchedFeatureDraft(_ModelDrafter):
             moved.target_features = self.features[destination]
 
 
+class BatchedLookupThenModel(BatchDrafter):
+    """``LookupThenModelDrafter`` for a batch: each sequence chooses lookup or the model as it would
+    alone; the model drafts, in one batched proposal, for the sequences lookup does not serve."""
+
+    def __init__(self, drafter: LookupThenModelDrafter, lookup: BatchedPromptLookup, model: BatchDrafter,
+                 max_batch: int) -> None:
+        self.name = drafter.name
+        self.model_calls_per_token = model.model_calls_per_token
+        self.lookup, self.model = lookup, model
+        self.model_cost = drafter.model.relative_cost_hint
+        self.choices: list[LookupOrModel | None] = [None] * max_batch
+        self.last: dict[int, tuple[bool, int]] = {}  # slot -> (by lookup, tokens drafted) of its last proposal
+
+    def begin(self, admitted: list[tuple[int, list[int]]]) -> None:
+        self.lookup.begin(admitted)
+        self.model.begin(admitted)
+        for slot, _ in admitted:
+            self.choices[slot] = LookupOrModel()
+            self.last.pop(slot, None)
+
+    def _choice(self, slot: int) -> LookupOrModel:
+        choice = self.choices[slot]
+        assert choice is not None, "begin() first"
+        return choice
+
+    def propose(self, requests: list[DraftRequest], n_slots: int) -> list[Draft]:
+        asked = [r if r.k > 0 and self._choice(r.slot).prefers_lookup(r.k, self.model_cost) else replace(r, k=0)
+                 for r in requests]
+        looked_up = {r.slot: d for r, d in zip(requests, self.lookup.propose(asked, n_slots)) if d.tokens}
+        by_model = self.model.propose([replace(r, k=0) if r.slot in looked_up else r for r in requests], n_slots)
+        out = []
+        for r, modelled in zip(requests, by_model):
+            draft = looked_up.get(r.slot, modelled)
+            if r.k > 0:
+                self.last[r.slot] = (r.slot in looked_up, len(draft.tokens))
+            out.append(draft)
+        return out
+
+    def accept(self, slot: int, n_accepted: int) -> None:
+        by_lookup, drafted = self.last[slot]
+        self._choice(slot).observe(by_lookup, drafted, n_accepted)
+        (self.lookup if by_lookup else self.model).accept(slot, n_accepted)
+
+    def move(self, source: int, destination: int) -> None:
+        self.lookup.move(source, destination)
+        self.model.move(source, destination)
+        self.choices[destination] = self.choices[source]
+        if source in self.last:
+            self.last[destination] = self.last.pop(source)
+
+
 def batch_drafter(drafter: Drafter | None, target: Transformer, target_cache: KVCache, max_batch: int,
                   capacity: int, vocab_limit: int) -> BatchDrafter | None:
     if drafter is None:
         return None
+    if isinstance(drafter, LookupThenModelDrafter):
+        model = batch_drafter(drafter.model, target, target_cache, max_batch, capacity, vocab_limit)
+        assert model is not None
+        return BatchedLookupThenModel(drafter, BatchedPromptLookup(drafter.lookup, max_batch), model, max_batch)
     if isinstance(drafter, DraftModelDrafter):
         return BatchedDraftModel(drafter, max_batch, capacity, vocab_limit)
     if isinstance(drafter, EarlyExitDrafter):
@@ -440,5 +496,6 @@ def batch_drafter(drafter: Drafter | None, target: Transformer, target_cache: KV
         return BatchedPromptLookup(drafter, max_batch)
     if isinstance(drafter, FeatureDrafter):
         return BatchedFeatureDraft(drafter, target_cache, max_batch, capacity, vocab_limit)
-    raise QuickdraftError(f"batched decoding supports the draft model, self-draft, early exit and prompt lookup drafters, "
+    raise QuickdraftError(f"batched decoding supports the draft model, self-draft, early exit and prompt lookup drafters "
+                          f"(alone, or lookup then a model drafter), "
                           f"not {type(drafter).__name__}")

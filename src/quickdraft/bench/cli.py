@@ -67,9 +67,14 @@ def settings_from_args(args: argparse.Namespace):
     from quickdraft.assets import default_target_path, embedded_draft_for
     from quickdraft.bench.harness import BenchSettings
 
+    from quickdraft.drafters.factory import lookup_and_model_specs
+
     early_exit, self_draft, prompt_lookup, draft = "early-exit", "self", "prompt-lookup", args.draft
     if args.drafter:
-        if args.drafter.startswith("early-exit"):
+        lookup_then_model = lookup_and_model_specs(args.drafter)
+        if lookup_then_model is not None:  # its rows: prompt lookup, the draft model, and the two together
+            prompt_lookup, draft = lookup_then_model[0], lookup_then_model[1] or None
+        elif args.drafter.startswith("early-exit"):
             early_exit = args.drafter
         elif args.drafter.partition(":")[0] == "self":
             self_draft = args.drafter

@@ -36,6 +36,7 @@ from quickdraft import kernels
 from quickdraft.bench.llama_cpp import DRAFT_MAX, LlamaCpp, LlamaCppRun, same_output, token_bytes
 from quickdraft.drafters.base import Draft, DraftContext, Drafter
 from quickdraft.drafters.factory import make_drafter
+from quickdraft.drafters.lookup_then_model import LookupThenModelDrafter
 from quickdraft.engine import Engine, engine_max_gamma, expected_speedup
 from quickdraft.drafters.trees import AUTO_TREE_BUDGETS, TreeShape
 from quickdraft.tree import TokenTree
@@ -118,7 +119,7 @@ class BenchSettings:
 @dataclass(frozen=True)
 class Method:
     name: str  # unique label, e.g. "draft γ=4" or "hf assisted"
-    # plain | draft | early-exit | self-draft | prompt-lookup | hf-plain | hf-assisted | hf-lookup | llama-cpp-plain | llama-cpp-draft
+    # plain | draft | early-exit | self-draft | prompt-lookup | lookup+draft | hf-plain | hf-assisted | hf-lookup | llama-cpp-plain | llama-cpp-draft
     family: str
     gamma: int | str  # 0 = plain decoding
     exact: bool
@@ -291,7 +292,7 @@ class OurRunner:
         return result.token_ids, result.stats
 
 
-SPECULATIVE_FAMILIES = ("draft", "early-exit", "self-draft", "prompt-lookup")
+SPECULATIVE_FAMILIES = ("draft", "early-exit", "self-draft", "prompt-lookup", "lookup+draft")
 
 
 def has_self_draft(spec: str, target: LoadedModel) -> bool:
@@ -329,6 +330,10 @@ class Bench:
                     drafter = RecordingDrafter(make_drafter(s.self_draft, target))
                 elif kind == "prompt-lookup":
                     drafter = RecordingDrafter(make_drafter(s.prompt_lookup, target))
+                elif kind == "lookup+draft":
+                    model = make_drafter(draft, target, compile=s.compile_drafter)
+                    assert model is not None
+                    drafter = RecordingDrafter(LookupThenModelDrafter(model))
                 e = Engine(target, drafter, exact=exact, dtype=s.dtype, device=s.device, max_gamma=s.max_gamma,
                            compile_target=s.compile_target, tree_nodes=tree)
                 if exact and not e.exact:
@@ -385,6 +390,8 @@ class Bench:
                 add(f"early exit auto{suffix}", "early-exit", "auto", False, temperature)
             if s.prompt_lookup and full:
                 add(f"prompt lookup auto{suffix}", "prompt-lookup", "auto", False, temperature)
+                if draft is not None:  # lookup where the context matches, the draft model elsewhere
+                    add(f"prompt lookup + draft auto{suffix}", "lookup+draft", "auto", False, temperature)
             for nodes in s.trees if temperature == 0 and full else ():
                 if s.early_exit and target.config.n_layer > 1:
                     add(f"early exit tree {nodes}", "early-exit", "auto", False, temperature, tree=nodes)

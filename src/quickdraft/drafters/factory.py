@@ -1,7 +1,7 @@
 """Turn a user's drafter spec into a Drafter: a path or hub id (draft model), "early-exit[:L]",
 "self[:PATH]" (a trained self-draft, by default at TARGET/self_draft: an exit adapter or a
-feature draft), "prompt-lookup[:n]", a
-LoadedModel, or a Drafter instance."""
+feature draft), "prompt-lookup[:n]", "prompt-lookup[:n]+SPEC" (lookup where the context matches,
+the model drafter SPEC elsewhere), a LoadedModel, or a Drafter instance."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 from quickdraft.drafters.base import Drafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.early_exit import EarlyExitDrafter
+from quickdraft.drafters.lookup_then_model import LookupThenModelDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.drafters.feature_draft import FeatureDrafter
 from quickdraft.drafters.self_draft import SelfDraftDrafter, default_self_draft_path
@@ -50,10 +51,26 @@ def default_exit_layer(target: LoadedModel) -> int:
 MODEL_FREE = ("early-exit", "prompt-lookup", "self")  # drafters that bring no second model
 
 
+def lookup_and_model_specs(spec: str) -> tuple[str, str] | None:
+    """("prompt-lookup[:n]", SPEC) of a "prompt-lookup[:n]+SPEC" drafter spec, else None."""
+    lookup, plus, model = spec.partition("+")
+    return (lookup, model) if plus and lookup.partition(":")[0] == "prompt-lookup" else None
+
+
 def names_a_draft_model(spec: str) -> bool:
     """Whether a drafter spec is a draft model (a path or hub id) rather than the target's own
     layers (early-exit, self) or prompt lookup."""
+    pair = lookup_and_model_specs(spec)
+    if pair is not None:
+        return names_a_draft_model(pair[1])
     return spec.partition(":")[0] not in MODEL_FREE
+
+
+def draft_model_path(spec: str) -> str | None:
+    """The draft model (path or hub id) a drafter spec names, alone or after prompt lookup's "+"."""
+    pair = lookup_and_model_specs(spec)
+    model = pair[1] if pair is not None else spec
+    return model if names_a_draft_model(model) else None
 
 
 def make_drafter(
@@ -73,6 +90,9 @@ def make_drafter(
         drafter.check_compatible(target)
         return drafter
     text = str(spec)
+    pair = lookup_and_model_specs(text)
+    if pair is not None:
+        return _lookup_then_model(text, *pair, target, dtype=dtype, device=device, compile=compile)
     name, _, arg = text.partition(":")
     if name == "early-exit":
         layer = _parse_int(text, arg) if arg else default_exit_layer(target)
@@ -87,3 +107,16 @@ def make_drafter(
     drafter = DraftModelDrafter(load_model(spec, dtype=dtype, device=device), compile=compile)
     drafter.check_compatible(target)
     return drafter
+
+
+def _lookup_then_model(text: str, lookup: str, model_spec: str, target: LoadedModel, *, dtype: str | torch.dtype,
+                       device: str, compile: bool) -> LookupThenModelDrafter:
+    if not model_spec:
+        raise QuickdraftError(f"drafter {text!r}: name the model drafter after '+' (a draft model's path or hub "
+                              "id, self[:PATH] or early-exit[:L]), e.g. prompt-lookup+self")
+    if lookup_and_model_specs(model_spec) is not None or model_spec.partition(":")[0] == "prompt-lookup":
+        raise QuickdraftError(f"drafter {text!r}: after '+' comes a model drafter, not prompt lookup")
+    model = make_drafter(model_spec, target, dtype=dtype, device=device, compile=compile)
+    assert model is not None
+    _, _, n = lookup.partition(":")
+    return LookupThenModelDrafter(model, max_ngram=_parse_int(text, n)) if n else LookupThenModelDrafter(model)

@@ -169,13 +169,14 @@ def _check_models_exist(args: argparse.Namespace) -> None:
     """Fail in seconds on a model that is not there, rather than after Ray Serve has retried each
     replica's constructor. (Skipped for a remote cluster, whose nodes may hold paths this one lacks.)"""
     from quickdraft.cli import resolve_target_and_drafter
-    from quickdraft.drafters.factory import names_a_draft_model
+    from quickdraft.drafters.factory import draft_model_path
     from quickdraft.model.weights import resolve_model_dir
 
     target, drafter = resolve_target_and_drafter(args)
     resolve_model_dir(target)
-    if drafter and names_a_draft_model(drafter):
-        resolve_model_dir(drafter)
+    draft_model = draft_model_path(drafter) if drafter else None
+    if draft_model:
+        resolve_model_dir(draft_model)
 
 
 class BackgroundServer:

@@ -1,0 +1,104 @@
+"""Prompt lookup where the context has a match, a model drafter everywhere else.
+
+Lookup's drafts cost nothing but are only as good as the text copies its context (input-grounded
+work: edits, summaries, code rewritten); a model drafter pays a forward per drafted token but needs
+no match. Each step, a sequence whose last LOOKUP_MIN_NGRAM or more tokens occurred earlier in its
+context drafts with lookup when lookup's expected committed tokens per unit of step cost beat the
+model's,
+
+    E(α_lookup, k)  >=  E(α_model, k) / (1 + k c),     E(α, k) = (1 − α^(k+1)) / (1 − α)
+
+with α each drafter's per-token acceptance in this request so far (from a prior) and c the model
+drafter's step cost over the target's. A lookup that keeps failing (sampled requests at a high
+temperature) hands over to the model, and is tried again every LOOKUP_RETRY_EVERY model steps where
+the context matches. The target verifies whichever drafter proposed: lossless either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quickdraft.drafters.base import Draft, DraftContext, Drafter
+from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
+from quickdraft.randomness import TokenSampler
+from quickdraft.sampling import SamplingParams
+
+LOOKUP_MIN_NGRAM = 2  # a single repeated token is too weak a match to skip the model for
+LOOKUP_RETRY_EVERY = 8
+# Priors, as (accepted, rejections) pseudo-counts: α 2/3 for lookup, 3/4 for a model drafter.
+LOOKUP_PRIOR = (2.0, 1.0)
+MODEL_PRIOR = (3.0, 1.0)
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens a k-token draft commits in expectation (the target's own included) at per-token acceptance α."""
+    alpha = min(alpha, 0.999)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+@dataclass
+class AcceptanceEstimate:
+    accepted: float
+    rejections: float
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / (self.accepted + self.rejections)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.accepted += accepted
+        self.rejections += accepted < drafted
+
+
+class LookupOrModel:
+    """One sequence's choice between prompt lookup and the model drafter, from how each has done."""
+
+    def __init__(self) -> None:
+        self.lookup = AcceptanceEstimate(*LOOKUP_PRIOR)
+        self.model = AcceptanceEstimate(*MODEL_PRIOR)
+        self._model_steps = 0  # model steps since lookup last drafted
+
+    def prefers_lookup(self, k: int, model_cost: float) -> bool:
+        if expected_tokens(self.lookup.alpha, k) >= expected_tokens(self.model.alpha, k) / (1.0 + k * model_cost):
+            return True
+        return self._model_steps >= LOOKUP_RETRY_EVERY
+
+    def observe(self, by_lookup: bool, drafted: int, accepted: int) -> None:
+        (self.lookup if by_lookup else self.model).observe(drafted, accepted)
+        self._model_steps = 0 if by_lookup else self._model_steps + 1
+
+
+class LookupThenModelDrafter(Drafter):
+    def __init__(self, model: Drafter, max_ngram: int = 3) -> None:
+        self.lookup = PromptLookupDrafter(max_ngram=max(max_ngram, LOOKUP_MIN_NGRAM), min_ngram=LOOKUP_MIN_NGRAM)
+        self.model = model
+        self.name = f"prompt-lookup+{model.name}"
+        self.choice = LookupOrModel()
+        self._last: tuple[bool, int] | None = None  # (by lookup, tokens drafted) of the last proposal
+
+    def begin(self, prompt_ids: list[int], context: DraftContext) -> None:
+        self.lookup.begin(prompt_ids, context)
+        self.model.begin(prompt_ids, context)
+        self.choice = LookupOrModel()
+        self._last = None
+
+    def propose(self, tokens: list[int], k: int, sampling: SamplingParams, sampler: TokenSampler,
+                confidence_stop: float | None = None) -> Draft:
+        if self.choice.prefers_lookup(k, self.model.relative_cost_hint):
+            draft = self.lookup.propose(tokens, k, sampling, sampler)
+            if draft.tokens:
+                self._last = (True, len(draft.tokens))
+                return draft
+        draft = self.model.propose(tokens, k, sampling, sampler, confidence_stop)
+        self._last = (False, len(draft.tokens))
+        return draft
+
+    def accept(self, n_accepted: int) -> None:
+        assert self._last is not None, "propose() first"
+        by_lookup, drafted = self._last
+        self.choice.observe(by_lookup, drafted, n_accepted)
+        (self.lookup if by_lookup else self.model).accept(n_accepted)
+
+    @property
+    def relative_cost_hint(self) -> float:
+        return self.model.relative_cost_hint
