@@ -161,6 +161,16 @@ def test_generate_with_the_shipped_self_draft_matches_plain_decoding(capsys):
     assert out["token_ids"] == plain["token_ids"]
 
 
+def test_lookup_then_the_embedded_pairs_own_draft_matches_plain_decoding(capsys):
+    """`--drafter prompt-lookup+` on an embedded target: lookup, then the pair's draft model."""
+    prompt = "def area(w, h):\n    return w * h\n\n\ndef area(w, h):"
+    out = run_json(capsys, "generate", "--drafter", "prompt-lookup+", "--prompt", prompt, "--max-new-tokens", "24",
+                   "--json")
+    plain = run_json(capsys, "generate", "--no-draft", "--prompt", prompt, "--max-new-tokens", "24", "--json")
+    assert out["stats"]["drafter"] == "prompt-lookup+draft-model" and out["stats"]["drafted"] > 0
+    assert out["token_ids"] == plain["token_ids"]
+
+
 def test_generate_does_not_import_the_compiler():
     """`quickdraft generate` compiles nothing by default: building the engine and decoding must not
     import torch._dynamo (~0.8 s of its start-up; the loader's meta-device models and the unused
