@@ -1,7 +1,8 @@
 """Self-draft shapes compared in one process: which exit layer, adapter and head pay (issue 18).
 
     .venv/bin/python docs/bench/self_draft_variants.py DIR [DIR ...] [--threads 1] [--prompts 8] [--tokens 96]
-                                                       [--rounds 3] [--gammas auto,4]
+                                                       [--rounds 3] [--gammas auto,4] [--with-lookup]
+                                                       [--no-early-exit]
 
 Each DIR is a trained self-draft (``quickdraft train self-draft --out DIR``: an exit adapter or a
 feature draft) for the embedded target.
@@ -54,6 +55,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--gammas", default="auto", help="comma-separated γ for the drafters (auto or integers)")
+    parser.add_argument("--with-lookup", action="store_true",
+                        help="also each self-draft behind prompt lookup (prompt-lookup+self:DIR)")
+    parser.add_argument("--no-early-exit", action="store_true", help="leave out early exit at the same layer")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target = load_model(default_target_path(), dtype="auto")
@@ -61,8 +65,10 @@ def main() -> None:
     engines = {"plain": Engine(target, None, exact=True)}
     for path in args.dirs:
         engines[f"self {path.name}"] = Engine(target, f"self:{path}", exact=True)
+        if args.with_lookup:
+            engines[f"lookup+self {path.name}"] = Engine(target, f"prompt-lookup+self:{path}", exact=True)
         layer = json.loads((path / "self_draft.json").read_text()).get("exit_layer", 0)  # 0: a feature draft's
-        if layer:
+        if layer and not args.no_early_exit:
             engines.setdefault(f"early-exit:{layer}", Engine(target, f"early-exit:{layer}", exact=True))
     settings = {"greedy": None, "T=0.8": SamplingParams(0.8)}
     gammas = [g if g == "auto" else int(g) for g in args.gammas.split(",")]
