@@ -10,6 +10,7 @@ from quickdraft import Engine
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.lookup_then_model import LOOKUP_RETRY_EVERY, LookupOrModel, LookupThenModelDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
+from quickdraft.drafters.factory import draft_model_path, names_a_draft_model
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.loader import load_model
 
@@ -73,3 +74,10 @@ def test_specs_name_lookup_then_a_model_drafter(checkpoints) -> None:
         Engine(target, "prompt-lookup+")
     with pytest.raises(QuickdraftError, match="not prompt lookup"):
         Engine(target, "prompt-lookup+prompt-lookup:2")
+
+
+def test_the_server_finds_the_draft_model_a_spec_names_before_it_starts() -> None:
+    assert draft_model_path("prompt-lookup:4+/models/draft") == "/models/draft"
+    assert draft_model_path("prompt-lookup+self") is None and draft_model_path("prompt-lookup+early-exit:2") is None
+    assert draft_model_path("/models/draft") == "/models/draft" and draft_model_path("prompt-lookup") is None
+    assert names_a_draft_model("prompt-lookup+org/draft-id") and not names_a_draft_model("prompt-lookup+self:DIR")
