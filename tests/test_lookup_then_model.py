@@ -8,7 +8,12 @@ import pytest
 
 from quickdraft import Engine
 from quickdraft.drafters.draft_model import DraftModelDrafter
-from quickdraft.drafters.lookup_then_model import LOOKUP_RETRY_EVERY, LookupOrModel, LookupThenModelDrafter
+from quickdraft.drafters.lookup_then_model import (
+    LOOKUP_RETRY_EVERY,
+    LOOKUP_RETRY_MAX,
+    LookupOrModel,
+    LookupThenModelDrafter,
+)
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.drafters.factory import draft_model_path, names_a_draft_model
 from quickdraft.errors import QuickdraftError
@@ -30,6 +35,34 @@ def test_the_choice_follows_what_each_drafter_has_committed() -> None:
     for _ in range(10):
         choice.observe(by_lookup=True, drafted=4, accepted=4)
     assert choice.prefers_lookup(4, model_cost=0.1)
+
+
+def _model_steps_until_lookup_is_retried(choice: LookupOrModel) -> int:
+    steps = 0
+    while not choice.prefers_lookup(4, model_cost=0.1):
+        choice.observe(by_lookup=False, drafted=4, accepted=3)
+        steps += 1
+    return steps
+
+
+def test_each_failed_retry_doubles_the_wait_and_a_lookup_that_wins_back_resets_it() -> None:
+    choice = LookupOrModel()
+    for _ in range(3):
+        choice.observe(by_lookup=True, drafted=4, accepted=0)
+    waits = []
+    for _ in range(5):
+        waits.append(_model_steps_until_lookup_is_retried(choice))
+        choice.observe(by_lookup=True, drafted=4, accepted=0)  # the retry fails too
+    assert waits == [LOOKUP_RETRY_EVERY, 2 * LOOKUP_RETRY_EVERY, 4 * LOOKUP_RETRY_EVERY, LOOKUP_RETRY_MAX,
+                     LOOKUP_RETRY_MAX]
+    _model_steps_until_lookup_is_retried(choice)
+    for _ in range(20):  # the retry and the steps after it succeed: lookup is preferred again
+        choice.observe(by_lookup=True, drafted=4, accepted=4)
+    assert choice.prefers_lookup(4, model_cost=0.1)
+    while choice.prefers_lookup(4, model_cost=0.1):  # and when it fails again later,
+        choice.observe(by_lookup=True, drafted=4, accepted=0)
+    # the wait starts over from the shortest
+    assert _model_steps_until_lookup_is_retried(choice) == LOOKUP_RETRY_EVERY
 
 
 def _counting(drafter: LookupThenModelDrafter) -> dict[str, int]:

@@ -10,8 +10,10 @@ model's,
 
 with α each drafter's per-token acceptance in this request so far (from a prior) and c the model
 drafter's step cost over the target's. A lookup that keeps failing (sampled requests at a high
-temperature) hands over to the model, and is tried again every LOOKUP_RETRY_EVERY model steps where
-the context matches. The target verifies whichever drafter proposed: lossless either way.
+temperature) hands over to the model, and is tried again after LOOKUP_RETRY_EVERY model steps where
+the context matches, the wait doubling after each retry that does not win lookup back (up to
+LOOKUP_RETRY_MAX: at T = 0.8 the retries cost the embedded pair a tenth of its speedup). The target
+verifies whichever drafter proposed: lossless either way.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from quickdraft.sampling import SamplingParams
 
 LOOKUP_MIN_NGRAM = 2  # a single repeated token is too weak a match to skip the model for
 LOOKUP_RETRY_EVERY = 8
+LOOKUP_RETRY_MAX = 64
 # Priors, as (accepted, rejections) pseudo-counts: α 2/3 for lookup, 3/4 for a model drafter.
 LOOKUP_PRIOR = (2.0, 1.0)
 MODEL_PRIOR = (3.0, 1.0)
@@ -57,14 +60,21 @@ class LookupOrModel:
         self.lookup = AcceptanceEstimate(*LOOKUP_PRIOR)
         self.model = AcceptanceEstimate(*MODEL_PRIOR)
         self._model_steps = 0  # model steps since lookup last drafted
+        self.retry_every = LOOKUP_RETRY_EVERY
+        self._retrying = False  # lookup's turn came from the retry wait, not from its estimate
 
     def prefers_lookup(self, k: int, model_cost: float) -> bool:
+        self._retrying = False
         if expected_tokens(self.lookup.alpha, k) >= expected_tokens(self.model.alpha, k) / (1.0 + k * model_cost):
+            self.retry_every = LOOKUP_RETRY_EVERY
             return True
-        return self._model_steps >= LOOKUP_RETRY_EVERY
+        self._retrying = self._model_steps >= self.retry_every
+        return self._retrying
 
     def observe(self, by_lookup: bool, drafted: int, accepted: int) -> None:
         (self.lookup if by_lookup else self.model).observe(drafted, accepted)
+        if by_lookup and self._retrying:
+            self.retry_every = min(2 * self.retry_every, LOOKUP_RETRY_MAX)
         self._model_steps = 0 if by_lookup else self._model_steps + 1
 
 
