@@ -11,9 +11,12 @@ from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.lookup_then_model import (
     LOOKUP_RETRY_EVERY,
     LOOKUP_RETRY_MAX,
+    LookupMemory,
     LookupOrModel,
     LookupThenModelDrafter,
+    sampling_kind,
 )
+from quickdraft.sampling import SamplingParams
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.drafters.factory import draft_model_path, names_a_draft_model
 from quickdraft.errors import QuickdraftError
@@ -65,6 +68,23 @@ def test_each_failed_retry_doubles_the_wait_and_a_lookup_that_wins_back_resets_i
     assert _model_steps_until_lookup_is_retried(choice) == LOOKUP_RETRY_EVERY
 
 
+
+def test_a_new_request_starts_from_what_lookup_did_in_earlier_ones_with_the_same_sampling() -> None:
+    memory = LookupMemory()
+    hot, greedy = sampling_kind(SamplingParams(0.8)), sampling_kind(SamplingParams())
+    assert sampling_kind(SamplingParams(0.8, seed=3)) == hot != sampling_kind(SamplingParams(0.8, top_p=0.9))
+    first = LookupOrModel(memory, hot)
+    assert first.prefers_lookup(4, model_cost=0.1)  # nothing measured yet: the prior tries lookup
+    for _ in range(10):
+        first.observe(by_lookup=True, drafted=4, accepted=0)
+    assert not LookupOrModel(memory, hot).prefers_lookup(4, model_cost=0.1)  # the next one starts on the model
+    assert LookupOrModel(memory, greedy).prefers_lookup(4, model_cost=0.1)  # greedy requests are another kind
+    first.observe(by_lookup=False, drafted=4, accepted=4)  # the model's steps are not lookup's to remember
+    assert memory.counts[hot] == pytest.approx([0.0, sum(0.99 ** i for i in range(10))])
+    for _ in range(300):  # what it remembers follows what lookup does now
+        LookupOrModel(memory, hot).observe(by_lookup=True, drafted=4, accepted=4)
+    assert LookupOrModel(memory, hot).prefers_lookup(4, model_cost=0.1)
+
 def _counting(drafter: LookupThenModelDrafter) -> dict[str, int]:
     """Count the proposals each of the drafter's two parts made."""
     counts = {"lookup": 0, "model": 0}
@@ -94,6 +114,7 @@ def test_greedy_output_is_the_targets_whichever_part_drafts(checkpoints, dtype: 
         assert [engine.generate(p, 48, gamma=gamma).token_ids for p in prompts] == plain, gamma
     assert counts["lookup"] > 0 and counts["model"] > 0, counts
     assert [r.token_ids for r in engine.generate_batch(prompts, 48, gamma=3)] == plain
+    assert list(drafter.memory.counts) == [sampling_kind(SamplingParams())]  # alone and batched, one memory
 
 
 def test_specs_name_lookup_then_a_model_drafter(checkpoints) -> None:

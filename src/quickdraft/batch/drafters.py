@@ -20,7 +20,7 @@ from quickdraft.drafters.draft_model import (CATCH_UP_AFTER, DraftModelDrafter, 
                                              native_draw_inputs, races_natively)
 from quickdraft.drafters.early_exit import EarlyExitDrafter
 from quickdraft.drafters.feature_draft import FeatureDrafter
-from quickdraft.drafters.lookup_then_model import LookupOrModel, LookupThenModelDrafter
+from quickdraft.drafters.lookup_then_model import LookupOrModel, LookupThenModelDrafter, sampling_kind
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.batch.prefill import PrefillChunk, grouping, prefill
 from quickdraft.batch.shapes import step_inputs, window_bucket
@@ -439,24 +439,26 @@ class BatchedLookupThenModel(BatchDrafter):
         self.model_calls_per_token = model.model_calls_per_token
         self.lookup, self.model = lookup, model
         self.model_cost = drafter.model.relative_cost_hint
-        self.choices: list[LookupOrModel | None] = [None] * max_batch
+        self.memory = drafter.memory  # lookup's acceptance per sampling kind, shared with the lone drafter
+        self.choices: list[LookupOrModel | None] = [None] * max_batch  # a request's, made at its first proposal
         self.last: dict[int, tuple[bool, int]] = {}  # slot -> (by lookup, tokens drafted) of its last proposal
 
     def begin(self, admitted: list[tuple[int, list[int]]]) -> None:
         self.lookup.begin(admitted)
         self.model.begin(admitted)
         for slot, _ in admitted:
-            self.choices[slot] = LookupOrModel()
+            self.choices[slot] = None
             self.last.pop(slot, None)
 
-    def _choice(self, slot: int) -> LookupOrModel:
+    def _choice(self, slot: int, sampling: SamplingParams) -> LookupOrModel:
         choice = self.choices[slot]
-        assert choice is not None, "begin() first"
+        if choice is None:
+            choice = self.choices[slot] = LookupOrModel(self.memory, sampling_kind(sampling))
         return choice
 
     def propose(self, requests: list[DraftRequest], n_slots: int) -> list[Draft]:
-        asked = [r if r.k > 0 and self._choice(r.slot).prefers_lookup(r.k, self.model_cost) else replace(r, k=0)
-                 for r in requests]
+        asked = [r if r.k > 0 and self._choice(r.slot, r.sampling).prefers_lookup(r.k, self.model_cost)
+                 else replace(r, k=0) for r in requests]
         looked_up = {r.slot: d for r, d in zip(requests, self.lookup.propose(asked, n_slots)) if d.tokens}
         by_model = self.model.propose([replace(r, k=0) if r.slot in looked_up else r for r in requests], n_slots)
         out = []
@@ -469,7 +471,9 @@ class BatchedLookupThenModel(BatchDrafter):
 
     def accept(self, slot: int, n_accepted: int) -> None:
         by_lookup, drafted = self.last[slot]
-        self._choice(slot).observe(by_lookup, drafted, n_accepted)
+        choice = self.choices[slot]
+        assert choice is not None, "propose() first"
+        choice.observe(by_lookup, drafted, n_accepted)
         (self.lookup if by_lookup else self.model).accept(slot, n_accepted)
 
     def move(self, source: int, destination: int) -> None:

@@ -8,7 +8,8 @@ model's,
 
     E(α_lookup, k)  >=  E(α_model, k) / (1 + k c),     E(α, k) = (1 − α^(k+1)) / (1 − α)
 
-with α each drafter's per-token acceptance in this request so far (from a prior) and c the model
+with α each drafter's per-token acceptance in this request so far (from a prior: for lookup, what it
+measured in earlier requests with the same sampling settings, when there were any) and c the model
 drafter's step cost over the target's. A lookup that keeps failing (sampled requests at a high
 temperature) hands over to the model, and is tried again after LOOKUP_RETRY_EVERY model steps where
 the context matches, the wait doubling after each retry that does not win lookup back (up to
@@ -18,6 +19,7 @@ verifies whichever drafter proposed: lossless either way.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 from quickdraft.drafters.base import Draft, DraftContext, Drafter
@@ -31,6 +33,10 @@ LOOKUP_RETRY_MAX = 64
 # Priors, as (accepted, rejections) pseudo-counts: α 2/3 for lookup, 3/4 for a model drafter.
 LOOKUP_PRIOR = (2.0, 1.0)
 MODEL_PRIOR = (3.0, 1.0)
+# A new request's lookup estimate starts from earlier requests' of its sampling settings, worth this
+# many observations (at T = 0.8 lookup keeps failing, and the (2, 1) prior spent two steps finding out).
+MEMORY_WEIGHT = 3.0
+MEMORY_DECAY = 0.99
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -53,11 +59,37 @@ class AcceptanceEstimate:
         self.rejections += accepted < drafted
 
 
+def sampling_kind(sampling: SamplingParams) -> Hashable:
+    """Requests on which lookup's point-mass drafts are accepted alike."""
+    return None if sampling.greedy else (sampling.temperature, sampling.top_k, sampling.top_p)
+
+
+class LookupMemory:
+    """Lookup's acceptance in earlier requests, per sampling kind: decayed counts of accepted tokens
+    and of rejections, the prior of the next request of that kind."""
+
+    def __init__(self) -> None:
+        self.counts: dict[Hashable, list[float]] = {}
+
+    def prior(self, kind: Hashable) -> AcceptanceEstimate:
+        counts = self.counts.get(kind)
+        if counts is None or sum(counts) == 0:
+            return AcceptanceEstimate(*LOOKUP_PRIOR)
+        alpha = counts[0] / sum(counts)
+        return AcceptanceEstimate(MEMORY_WEIGHT * alpha, MEMORY_WEIGHT * (1 - alpha))
+
+    def count(self, kind: Hashable, drafted: int, accepted: int) -> None:
+        counts = self.counts.setdefault(kind, [0.0, 0.0])
+        counts[0] = MEMORY_DECAY * counts[0] + accepted
+        counts[1] = MEMORY_DECAY * counts[1] + (accepted < drafted)
+
+
 class LookupOrModel:
     """One sequence's choice between prompt lookup and the model drafter, from how each has done."""
 
-    def __init__(self) -> None:
-        self.lookup = AcceptanceEstimate(*LOOKUP_PRIOR)
+    def __init__(self, memory: LookupMemory | None = None, kind: Hashable = None) -> None:
+        self.memory, self.kind = memory, kind
+        self.lookup = memory.prior(kind) if memory is not None else AcceptanceEstimate(*LOOKUP_PRIOR)
         self.model = AcceptanceEstimate(*MODEL_PRIOR)
         self._model_steps = 0  # model steps since lookup last drafted
         self.retry_every = LOOKUP_RETRY_EVERY
@@ -73,6 +105,8 @@ class LookupOrModel:
 
     def observe(self, by_lookup: bool, drafted: int, accepted: int) -> None:
         (self.lookup if by_lookup else self.model).observe(drafted, accepted)
+        if by_lookup and self.memory is not None:
+            self.memory.count(self.kind, drafted, accepted)
         if by_lookup and self._retrying:
             self.retry_every = min(2 * self.retry_every, LOOKUP_RETRY_MAX)
         self._model_steps = 0 if by_lookup else self._model_steps + 1
@@ -83,17 +117,20 @@ class LookupThenModelDrafter(Drafter):
         self.lookup = PromptLookupDrafter(max_ngram=max(max_ngram, LOOKUP_MIN_NGRAM), min_ngram=LOOKUP_MIN_NGRAM)
         self.model = model
         self.name = f"prompt-lookup+{model.name}"
-        self.choice = LookupOrModel()
+        self.memory = LookupMemory()
+        self.choice: LookupOrModel | None = None  # the request's, made at its first proposal
         self._last: tuple[bool, int] | None = None  # (by lookup, tokens drafted) of the last proposal
 
     def begin(self, prompt_ids: list[int], context: DraftContext) -> None:
         self.lookup.begin(prompt_ids, context)
         self.model.begin(prompt_ids, context)
-        self.choice = LookupOrModel()
+        self.choice = None
         self._last = None
 
     def propose(self, tokens: list[int], k: int, sampling: SamplingParams, sampler: TokenSampler,
                 confidence_stop: float | None = None) -> Draft:
+        if self.choice is None:
+            self.choice = LookupOrModel(self.memory, sampling_kind(sampling))
         if self.choice.prefers_lookup(k, self.model.relative_cost_hint):
             draft = self.lookup.propose(tokens, k, sampling, sampler)
             if draft.tokens:
@@ -104,7 +141,7 @@ class LookupThenModelDrafter(Drafter):
         return draft
 
     def accept(self, n_accepted: int) -> None:
-        assert self._last is not None, "propose() first"
+        assert self._last is not None and self.choice is not None, "propose() first"
         by_lookup, drafted = self._last
         self.choice.observe(by_lookup, drafted, n_accepted)
         (self.lookup if by_lookup else self.model).accept(n_accepted)
