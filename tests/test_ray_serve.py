@@ -95,7 +95,7 @@ def test_replicas_answer_completions_chat_and_streams_as_single_process_serve(ra
         got = ray.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
         want = alone.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
         assert got.choices[0].text == want.choices[0].text
-        assert got.model_extra["speculative"]["drafter"] == "draft-model"
+        assert got.model_extra["speculative"]["drafter"] == "prompt-lookup+draft-model"  # the pair's default
     messages = [{"role": "user", "content": "Write a function that adds two numbers."}]
     got = ray.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0)
     want = alone.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0)

@@ -90,13 +90,16 @@ def test_embedded_names_resolve_to_their_pair() -> None:
     assert load_model("embedded-copy", tokenizer=False).path == ASSETS / "copy" / "target"
     for name, root in EMBEDDED_PAIRS.items():
         args = argparse.Namespace(target=name, draft=None, drafter=None)
-        assert resolve_target_and_drafter(args) == (name, str(root / "draft"))  # the name loads the target
+        # the name loads the target; its default drafter is prompt lookup, then the pair's draft
+        assert resolve_target_and_drafter(args) == (name, f"prompt-lookup+{root / 'draft'}")
     args = argparse.Namespace(target=str(ASSETS / "copy" / "target"), draft=None, drafter=None)
-    assert resolve_target_and_drafter(args)[1] == str(ASSETS / "copy" / "draft")
+    assert resolve_target_and_drafter(args)[1] == f"prompt-lookup+{ASSETS / 'copy' / 'draft'}"
+    args = argparse.Namespace(target="embedded", draft=str(ASSETS / "draft"), drafter=None)
+    assert resolve_target_and_drafter(args)[1] == str(ASSETS / "draft")  # --draft: the draft model alone
     args = argparse.Namespace(target="embedded-copy", draft=None, drafter="prompt-lookup")
     assert resolve_target_and_drafter(args) == ("embedded-copy", "prompt-lookup")
     args = argparse.Namespace(target=None, draft=None, drafter=None)
-    assert resolve_target_and_drafter(args) == (str(ASSETS / "target"), str(ASSETS / "draft"))
+    assert resolve_target_and_drafter(args) == (str(ASSETS / "target"), f"prompt-lookup+{ASSETS / 'draft'}")
 
 
 def test_held_out_prompts_are_shipped() -> None:

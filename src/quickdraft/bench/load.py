@@ -157,10 +157,11 @@ def choose_models(target: str | None, drafter: str | None, workdir: Path) -> tup
     pair (with a character-level tokenizer)."""
     if target:
         return target, drafter, False, (Path(target) / "tokenizer.json").exists() or not Path(target).exists()
-    from quickdraft.assets import default_draft_path, default_target_path, embedded_pair_available
+    from quickdraft.assets import default_target_path, embedded_pair_available
+    from quickdraft.cli import embedded_default_drafter
 
     if embedded_pair_available():
-        return default_target_path(), drafter or default_draft_path(), False, True
+        return default_target_path(), drafter or embedded_default_drafter(default_target_path()), False, True
     random_target, random_draft = random_pair(workdir)
     return random_target, drafter or random_draft, True, True
 
@@ -666,7 +667,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds during which requests start")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens per request")
     parser.add_argument("--target", help="model directory (default: the embedded pair, else a random pair)")
-    parser.add_argument("--drafter", help="drafter spec or draft model (default: the pair's draft)")
+    parser.add_argument("--drafter", help="drafter spec or draft model (default: the server's default, on the "
+                        "embedded pair prompt lookup then its draft)")
     parser.add_argument("--drain-timeout", type=float, default=240.0,
                         help="seconds the requests running at the end may take to finish")
     parser.add_argument("--json", help="also write the report as JSON to this path")
