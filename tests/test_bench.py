@@ -60,6 +60,22 @@ def test_warm_up_covers_every_cache_size_of_the_measured_rounds() -> None:
     assert warmup_prompts([long], 100, 8) == [long]
 
 
+def test_the_bench_measures_the_embedded_targets_self_draft_alone_and_behind_prompt_lookup(tmp_path, capsys) -> None:
+    out = tmp_path / "out"
+    code = main(["bench", "--target", "embedded", "--drafter", "prompt-lookup+self", "--out", str(out),
+                 "--prompt-limit", "2", "--max-new-tokens", "12", "--repeats", "1", "--gammas", "2",
+                 "--sampling-gammas", "2", "--trees", "", "--threads", "1", "--clock", "cpu", "--no-peers",
+                 "--no-plots", "--no-compile-target", "--no-exact"])
+    assert code == 0
+    capsys.readouterr()
+    rows = {r["method"]: r for r in json.loads((out / "bench.json").read_text())["results"]}
+    for name in ("self-draft auto", "prompt lookup + self-draft auto", "prompt lookup + draft auto",
+                 "self-draft auto T=0.8", "prompt lookup + self-draft auto T=0.8"):
+        assert rows[name]["equals_plain"], name  # greedy, and seeded sampling under the coupled rule
+    assert rows["prompt lookup + self-draft auto"]["family"] == "lookup+self-draft"
+    assert rows["prompt lookup + self-draft auto"]["mean_accepted_length"] > 0
+
+
 def test_bench_reports_every_configuration_and_greedy_outputs_equal_plain(pair, tmp_path, capsys) -> None:
     target, draft = pair
     out = tmp_path / "out"

@@ -72,8 +72,12 @@ def settings_from_args(args: argparse.Namespace):
     early_exit, self_draft, prompt_lookup, draft = "early-exit", "self", "prompt-lookup", args.draft
     if args.drafter:
         lookup_then_model = lookup_and_model_specs(args.drafter)
-        if lookup_then_model is not None:  # its rows: prompt lookup, the draft model, and the two together
-            prompt_lookup, draft = lookup_then_model[0], lookup_then_model[1] or None
+        if lookup_then_model is not None:  # its rows: prompt lookup, the model drafter, and the two together
+            prompt_lookup, model = lookup_then_model
+            if model.partition(":")[0] == "self":
+                self_draft = model
+            else:
+                draft = model or None
         elif args.drafter.startswith("early-exit"):
             early_exit = args.drafter
         elif args.drafter.partition(":")[0] == "self":

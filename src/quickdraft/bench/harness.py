@@ -119,7 +119,7 @@ class BenchSettings:
 @dataclass(frozen=True)
 class Method:
     name: str  # unique label, e.g. "draft γ=4" or "hf assisted"
-    # plain | draft | early-exit | self-draft | prompt-lookup | lookup+draft | hf-plain | hf-assisted | hf-lookup | llama-cpp-plain | llama-cpp-draft
+    # plain | draft | early-exit | self-draft | prompt-lookup | lookup+draft | lookup+self-draft | hf-plain | hf-assisted | hf-lookup | llama-cpp-plain | llama-cpp-draft
     family: str
     gamma: int | str  # 0 = plain decoding
     exact: bool
@@ -292,7 +292,7 @@ class OurRunner:
         return result.token_ids, result.stats
 
 
-SPECULATIVE_FAMILIES = ("draft", "early-exit", "self-draft", "prompt-lookup", "lookup+draft")
+SPECULATIVE_FAMILIES = ("draft", "early-exit", "self-draft", "prompt-lookup", "lookup+draft", "lookup+self-draft")
 
 
 def has_self_draft(spec: str, target: LoadedModel) -> bool:
@@ -330,8 +330,9 @@ class Bench:
                     drafter = RecordingDrafter(make_drafter(s.self_draft, target))
                 elif kind == "prompt-lookup":
                     drafter = RecordingDrafter(make_drafter(s.prompt_lookup, target))
-                elif kind == "lookup+draft":
-                    model = make_drafter(draft, target, compile=s.compile_drafter)
+                elif kind in ("lookup+draft", "lookup+self-draft"):
+                    model = make_drafter(draft, target, compile=s.compile_drafter) if kind == "lookup+draft" \
+                        else make_drafter(s.self_draft, target)
                     assert model is not None
                     drafter = RecordingDrafter(LookupThenModelDrafter(model))
                 e = Engine(target, drafter, exact=exact, dtype=s.dtype, device=s.device, max_gamma=s.max_gamma,
@@ -392,6 +393,8 @@ class Bench:
                 add(f"prompt lookup auto{suffix}", "prompt-lookup", "auto", False, temperature)
                 if draft is not None:  # lookup where the context matches, the draft model elsewhere
                     add(f"prompt lookup + draft auto{suffix}", "lookup+draft", "auto", False, temperature)
+                if self_draft:  # issue 18's self-speculation (no second model) behind lookup
+                    add(f"prompt lookup + self-draft auto{suffix}", "lookup+self-draft", "auto", False, temperature)
             for nodes in s.trees if temperature == 0 and full else ():
                 if s.early_exit and target.config.n_layer > 1:
                     add(f"early exit tree {nodes}", "early-exit", "auto", False, temperature, tree=nodes)
