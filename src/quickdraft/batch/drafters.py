@@ -457,15 +457,18 @@ class BatchedLookupThenModel(BatchDrafter):
         return choice
 
     def propose(self, requests: list[DraftRequest], n_slots: int) -> list[Draft]:
-        asked = [r if r.k > 0 and self._choice(r.slot, r.sampling).prefers_lookup(r.k, self.model_cost)
-                 else replace(r, k=0) for r in requests]
-        looked_up = {r.slot: d for r, d in zip(requests, self.lookup.propose(asked, n_slots)) if d.tokens}
+        prefers = {r.slot: self._choice(r.slot, r.sampling).prefers_lookup(r.tokens, r.k, self.model_cost)
+                   for r in requests if r.k > 0}
+        lookup_drafts = self.lookup.propose(requests, n_slots)  # drafts where lookup serves, shadows elsewhere
+        looked_up = {r.slot: d for r, d in zip(requests, lookup_drafts) if d.tokens and prefers.get(r.slot)}
         by_model = self.model.propose([replace(r, k=0) if r.slot in looked_up else r for r in requests], n_slots)
         out = []
-        for r, modelled in zip(requests, by_model):
+        for r, modelled, shadow in zip(requests, by_model, lookup_drafts):
             draft = looked_up.get(r.slot, modelled)
             if r.k > 0:
                 self.last[r.slot] = (r.slot in looked_up, len(draft.tokens))
+                if r.slot not in looked_up:
+                    self._choice(r.slot, r.sampling).shadow(len(r.tokens), shadow.tokens)
             out.append(draft)
         return out
 

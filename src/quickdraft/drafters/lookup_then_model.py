@@ -10,11 +10,15 @@ model's,
 
 with α each drafter's per-token acceptance in this request so far (from a prior: for lookup, what it
 measured in earlier requests with the same sampling settings, when there were any) and c the model
-drafter's step cost over the target's. A lookup that keeps failing (sampled requests at a high
-temperature) hands over to the model, and is tried again after LOOKUP_RETRY_EVERY model steps where
-the context matches, the wait doubling after each retry that does not win lookup back (up to
-LOOKUP_RETRY_MAX: at T = 0.8 the retries cost the embedded pair a tenth of its speedup). The target
-verifies whichever drafter proposed: lossless either way.
+drafter's step cost over the target's. Lookup's estimate also learns on the model's steps, for free:
+where the context matched, what lookup would have proposed is scored against the tokens the step
+committed (a shadow draft). Those tokens are the target's own output, greedy or sampled from p, so
+lookup's token matches one exactly when the target would have accepted it (with probability p(token),
+a point mass's acceptance under both sampling rules). A lookup that fails (sampled requests at a high
+temperature) thus hands over to the model without spending target calls to find out, and one whose
+copies start to fit (text that begins to repeat) takes over at once; round 30's retries of lookup
+every 8 model steps had cost the embedded pair a tenth of its speedup at T = 0.8. The target verifies
+whichever drafter proposed: lossless either way.
 """
 
 from __future__ import annotations
@@ -28,8 +32,6 @@ from quickdraft.randomness import TokenSampler
 from quickdraft.sampling import SamplingParams
 
 LOOKUP_MIN_NGRAM = 2  # a single repeated token is too weak a match to skip the model for
-LOOKUP_RETRY_EVERY = 8
-LOOKUP_RETRY_MAX = 64
 # Priors, as (accepted, rejections) pseudo-counts: α 2/3 for lookup, 3/4 for a model drafter.
 LOOKUP_PRIOR = (2.0, 1.0)
 MODEL_PRIOR = (3.0, 1.0)
@@ -91,25 +93,38 @@ class LookupOrModel:
         self.memory, self.kind = memory, kind
         self.lookup = memory.prior(kind) if memory is not None else AcceptanceEstimate(*LOOKUP_PRIOR)
         self.model = AcceptanceEstimate(*MODEL_PRIOR)
-        self._model_steps = 0  # model steps since lookup last drafted
-        self.retry_every = LOOKUP_RETRY_EVERY
-        self._retrying = False  # lookup's turn came from the retry wait, not from its estimate
+        self._shadow: tuple[int, list[int]] | None = None  # (position, lookup's tokens) of a model step
 
-    def prefers_lookup(self, k: int, model_cost: float) -> bool:
-        self._retrying = False
-        if expected_tokens(self.lookup.alpha, k) >= expected_tokens(self.model.alpha, k) / (1.0 + k * model_cost):
-            self.retry_every = LOOKUP_RETRY_EVERY
-            return True
-        self._retrying = self._model_steps >= self.retry_every
-        return self._retrying
+    def prefers_lookup(self, tokens: list[int], k: int, model_cost: float) -> bool:
+        """Whether lookup should draft the k tokens after ``tokens`` (every committed token: the last
+        step's shadow draft is scored against them first)."""
+        self._score_shadow(tokens)
+        return expected_tokens(self.lookup.alpha, k) >= expected_tokens(self.model.alpha, k) / (1.0 + k * model_cost)
 
     def observe(self, by_lookup: bool, drafted: int, accepted: int) -> None:
-        (self.lookup if by_lookup else self.model).observe(drafted, accepted)
-        if by_lookup and self.memory is not None:
+        if by_lookup:
+            self._observe_lookup(drafted, accepted)
+        else:
+            self.model.observe(drafted, accepted)
+
+    def shadow(self, position: int, proposed: list[int]) -> None:
+        """What lookup would have drafted at ``position`` on a step the model drafted."""
+        self._shadow = (position, proposed) if proposed else None
+
+    def _score_shadow(self, tokens: list[int]) -> None:
+        if self._shadow is None:
+            return
+        position, proposed = self._shadow
+        self._shadow = None
+        committed = tokens[position : position + len(proposed)]
+        matched = next((i for i, (a, b) in enumerate(zip(proposed, committed)) if a != b), len(committed))
+        # Past the committed tokens nothing is known: a shadow that matched them all was not rejected.
+        self._observe_lookup(len(committed), matched)
+
+    def _observe_lookup(self, drafted: int, accepted: int) -> None:
+        self.lookup.observe(drafted, accepted)
+        if self.memory is not None:
             self.memory.count(self.kind, drafted, accepted)
-        if by_lookup and self._retrying:
-            self.retry_every = min(2 * self.retry_every, LOOKUP_RETRY_MAX)
-        self._model_steps = 0 if by_lookup else self._model_steps + 1
 
 
 class LookupThenModelDrafter(Drafter):
@@ -131,12 +146,13 @@ class LookupThenModelDrafter(Drafter):
                 confidence_stop: float | None = None) -> Draft:
         if self.choice is None:
             self.choice = LookupOrModel(self.memory, sampling_kind(sampling))
-        if self.choice.prefers_lookup(k, self.model.relative_cost_hint):
-            draft = self.lookup.propose(tokens, k, sampling, sampler)
-            if draft.tokens:
-                self._last = (True, len(draft.tokens))
-                return draft
+        use_lookup = self.choice.prefers_lookup(tokens, k, self.model.relative_cost_hint)
+        looked_up = self.lookup.propose(tokens, k, sampling, sampler)
+        if use_lookup and looked_up.tokens:
+            self._last = (True, len(looked_up.tokens))
+            return looked_up
         draft = self.model.propose(tokens, k, sampling, sampler, confidence_stop)
+        self.choice.shadow(len(tokens), looked_up.tokens)
         self._last = (False, len(draft.tokens))
         return draft
 
