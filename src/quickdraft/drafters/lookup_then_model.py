@@ -6,13 +6,13 @@ no match. Each step, a sequence whose last LOOKUP_MIN_NGRAM or more tokens occur
 context drafts with lookup when lookup's expected committed tokens per unit of step cost beat the
 model's,
 
-    E(α_lookup, k)  >=  E(α_model, k) / (1 + k c),     E(α, k) = (1 − α^(k+1)) / (1 − α)
+    E(α_lookup, k) / v  >=  E(α_model, k) / (v + k c),     E(α, k) = (1 − α^(k+1)) / (1 − α)
 
 with α each drafter's per-token acceptance in this request so far (from a prior: for lookup, what it
-measured in earlier requests with the same sampling settings, when there were any) and c the model
-drafter's step cost over the target's. Lookup's estimate also learns on the model's steps, for free:
-where the context matched, what lookup would have proposed is scored against the tokens the step
-committed (a shadow draft). Those tokens are the target's own output, greedy or sampled from p, so
+measured in earlier requests with the same sampling settings, when there were any), c the model
+drafter's step cost over the target's and v a verifying forward's (VERIFY_COST). Lookup's estimate
+also learns on the model's steps, for free: where the context matched, what lookup would have
+proposed is scored against the tokens the step committed (a shadow draft). Those tokens are the target's own output, greedy or sampled from p, so
 lookup's token matches one exactly when the target would have accepted it (with probability p(token),
 a point mass's acceptance under both sampling rules). A lookup that fails (sampled requests at a high
 temperature) thus hands over to the model without spending target calls to find out, and one whose
@@ -35,6 +35,10 @@ LOOKUP_MIN_NGRAM = 2  # a single repeated token is too weak a match to skip the 
 # Priors, as (accepted, rejections) pseudo-counts: α 2/3 for lookup, 3/4 for a model drafter.
 LOOKUP_PRIOR = (2.0, 1.0)
 MODEL_PRIOR = (3.0, 1.0)
+# A k-row verifying forward's cost in 1-row target steps, which both drafters' steps pay: 1.29-1.55 at
+# γ 3-4 on the bench's CPUs (round 30). Counted as 1, a self-draft (c ≈ 0.3) behind lookup handed
+# 9% of its T = 0.8 steps to failing lookups; nearer 1 on a GPU, where the rule leans to the model.
+VERIFY_COST = 1.4
 # A new request's lookup estimate starts from earlier requests' of its sampling settings, worth this
 # many observations (at T = 0.8 lookup keeps failing, and the (2, 1) prior spent two steps finding out).
 MEMORY_WEIGHT = 3.0
@@ -99,7 +103,8 @@ class LookupOrModel:
         """Whether lookup should draft the k tokens after ``tokens`` (every committed token: the last
         step's shadow draft is scored against them first)."""
         self._score_shadow(tokens)
-        return expected_tokens(self.lookup.alpha, k) >= expected_tokens(self.model.alpha, k) / (1.0 + k * model_cost)
+        lookup_rate = expected_tokens(self.lookup.alpha, k) / VERIFY_COST
+        return lookup_rate >= expected_tokens(self.model.alpha, k) / (VERIFY_COST + k * model_cost)
 
     def observe(self, by_lookup: bool, drafted: int, accepted: int) -> None:
         if by_lookup:
