@@ -84,8 +84,8 @@ def add_threads_arg(parser: argparse.ArgumentParser) -> None:
 
 def embedded_default_drafter(target: str) -> str | None:
     """An embedded pair's default drafter: prompt lookup where the context matches, its draft elsewhere
-    (round 30's bench: greedy 1.95x plain against the draft alone's 1.69-1.75x, T = 0.8 1.35x against
-    1.37-1.40x; batched under load the same within noise). None for any other target."""
+    (round 30, six paired runs: greedy +10-27% over the draft alone, T = 0.8 level with it; batched under
+    load the same within noise; BENCHMARKS.md). None for any other target."""
     from quickdraft.assets import embedded_draft_for
 
     draft = embedded_draft_for(target)
