@@ -8,17 +8,13 @@ import pytest
 
 from quickdraft import Engine
 from quickdraft.drafters.draft_model import DraftModelDrafter
-from quickdraft.drafters.lookup_then_model import (
-    LookupMemory,
-    LookupOrModel,
-    LookupThenModelDrafter,
-    sampling_kind,
-)
-from quickdraft.sampling import SamplingParams
+from quickdraft.acceptance_memory import AcceptanceMemory
+from quickdraft.drafters.lookup_then_model import LookupOrModel, LookupThenModelDrafter, sampling_kind
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.drafters.factory import draft_model_path, names_a_draft_model
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.loader import load_model
+from quickdraft.sampling import SamplingParams
 
 
 def test_the_choice_follows_what_each_drafter_has_committed() -> None:
@@ -76,7 +72,7 @@ def test_lookup_takes_over_from_the_model_once_its_shadows_fit_and_hands_back_wh
 
 
 def test_a_new_request_starts_from_what_lookup_did_in_earlier_ones_with_the_same_sampling() -> None:
-    memory = LookupMemory()
+    memory = AcceptanceMemory()
     hot, greedy = sampling_kind(SamplingParams(0.8)), sampling_kind(SamplingParams())
     assert sampling_kind(SamplingParams(0.8, seed=3)) == hot != sampling_kind(SamplingParams(0.8, top_p=0.9))
     first = LookupOrModel(memory, hot)
@@ -90,6 +86,7 @@ def test_a_new_request_starts_from_what_lookup_did_in_earlier_ones_with_the_same
     for _ in range(300):  # what it remembers follows what lookup does now
         LookupOrModel(memory, hot).observe(by_lookup=True, drafted=4, accepted=4)
     assert LookupOrModel(memory, hot).prefers_lookup([], 4, model_cost=0.1)
+
 
 def _counting(drafter: LookupThenModelDrafter) -> dict[str, int]:
     """Count the proposals each of the drafter's two parts made."""

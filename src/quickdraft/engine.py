@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from quickdraft.acceptance_memory import AcceptanceMemory
 from quickdraft.drafters.base import Draft, DraftContext, Drafter
 from quickdraft.drafters.factory import make_drafter
 from quickdraft.drafters.trees import AUTO_TREE_BUDGETS, TreeShape
@@ -42,10 +43,6 @@ CACHE_ROUNDING = 64
 
 # Steps decoded plainly, while auto γ expects no γ to pay, between two drafts that refresh α and c.
 PROBE_EVERY = 16
-# A new request's acceptance estimate starts from what earlier requests of its kind measured
-# (AcceptanceMemory), worth this many observations; the memory forgets slowly.
-PRIOR_WEIGHT = 3.0
-MEMORY_DECAY = 0.99
 
 
 class GammaController:
@@ -106,33 +103,6 @@ class GammaController:
 def request_kind(sampling: SamplingParams) -> tuple[bool, bool]:
     """Requests whose drafts are accepted alike: greedy, coupled sampling, rejection-rule sampling."""
     return sampling.greedy, sampling.coupled
-
-
-class AcceptanceMemory:
-    """What earlier requests of a kind (greedy, coupled or rejection-rule sampling) measured with one
-    drafter: decayed counts of accepted drafted tokens and of rejections, and the last draft-step cost
-    ratio c. A new request's controller starts from them, the acceptance worth PRIOR_WEIGHT
-    observations, instead of the fixed prior (α = 2/3) and the drafter's cost hint, which were most of
-    a short request's life (32-token requests in a batch: goodput planned with the prior for most of
-    their steps, and chose plain decoding for a third of them). Only speed follows: every γ gives the
-    same output where outputs are promised (greedy in exact mode, coupled sampling)."""
-
-    def __init__(self) -> None:
-        self.counts: dict[Hashable, list[float]] = {}  # kind -> decayed [accepted tokens, rejections]
-        self.costs: dict[Hashable, float] = {}  # kind -> the last controller's c
-
-    def count(self, kind: Hashable, accepted: int, rejected: bool) -> None:
-        counts = self.counts.setdefault(kind, [0.0, 0.0])
-        counts[0] = MEMORY_DECAY * counts[0] + accepted
-        counts[1] = MEMORY_DECAY * counts[1] + rejected
-
-    def seed(self, controller: GammaController) -> None:
-        counts = self.counts.get(controller.kind)
-        if counts is not None and sum(counts) > 0:
-            alpha = counts[0] / sum(counts)
-            controller.accepts, controller.rejects = PRIOR_WEIGHT * alpha, PRIOR_WEIGHT * (1 - alpha)
-        if controller.kind in self.costs:
-            controller.cost = self.costs[controller.kind]
 
 
 def expected_speedup(alpha: float, gamma: int, cost: float, verify_cost: float = 1.0) -> float:

@@ -457,8 +457,8 @@ class BatchedLookupThenModel(BatchDrafter):
         return choice
 
     def propose(self, requests: list[DraftRequest], n_slots: int) -> list[Draft]:
-        prefers = {r.slot: self._choice(r.slot, r.sampling).prefers_lookup(r.tokens, r.k, self.model_cost)
-                   for r in requests if r.k > 0}
+        choices = {r.slot: self._choice(r.slot, r.sampling) for r in requests if r.k > 0}
+        prefers = {r.slot: choices[r.slot].prefers_lookup(r.tokens, r.k, self.model_cost) for r in requests if r.k > 0}
         lookup_drafts = self.lookup.propose(requests, n_slots)  # drafts where lookup serves, shadows elsewhere
         looked_up = {r.slot: d for r, d in zip(requests, lookup_drafts) if d.tokens and prefers.get(r.slot)}
         by_model = self.model.propose([replace(r, k=0) if r.slot in looked_up else r for r in requests], n_slots)
@@ -468,7 +468,7 @@ class BatchedLookupThenModel(BatchDrafter):
             if r.k > 0:
                 self.last[r.slot] = (r.slot in looked_up, len(draft.tokens))
                 if r.slot not in looked_up:
-                    self._choice(r.slot, r.sampling).shadow(len(r.tokens), shadow.tokens)
+                    choices[r.slot].shadow(len(r.tokens), shadow.tokens)
             out.append(draft)
         return out
 

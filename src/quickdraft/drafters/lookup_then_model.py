@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass
 
+from quickdraft.acceptance_memory import AcceptanceMemory
 from quickdraft.drafters.base import Draft, DraftContext, Drafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.randomness import TokenSampler
@@ -39,10 +40,6 @@ MODEL_PRIOR = (3.0, 1.0)
 # γ 3-4 on the bench's CPUs (round 30). Counted as 1, a self-draft (c ≈ 0.3) behind lookup handed
 # 9% of its T = 0.8 steps to failing lookups; nearer 1 on a GPU, where the rule leans to the model.
 VERIFY_COST = 1.4
-# A new request's lookup estimate starts from earlier requests' of its sampling settings, worth this
-# many observations (at T = 0.8 lookup keeps failing, and the (2, 1) prior spent two steps finding out).
-MEMORY_WEIGHT = 3.0
-MEMORY_DECAY = 0.99
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -70,32 +67,13 @@ def sampling_kind(sampling: SamplingParams) -> Hashable:
     return None if sampling.greedy else (sampling.temperature, sampling.top_k, sampling.top_p)
 
 
-class LookupMemory:
-    """Lookup's acceptance in earlier requests, per sampling kind: decayed counts of accepted tokens
-    and of rejections, the prior of the next request of that kind."""
-
-    def __init__(self) -> None:
-        self.counts: dict[Hashable, list[float]] = {}
-
-    def prior(self, kind: Hashable) -> AcceptanceEstimate:
-        counts = self.counts.get(kind)
-        if counts is None or sum(counts) == 0:
-            return AcceptanceEstimate(*LOOKUP_PRIOR)
-        alpha = counts[0] / sum(counts)
-        return AcceptanceEstimate(MEMORY_WEIGHT * alpha, MEMORY_WEIGHT * (1 - alpha))
-
-    def count(self, kind: Hashable, drafted: int, accepted: int) -> None:
-        counts = self.counts.setdefault(kind, [0.0, 0.0])
-        counts[0] = MEMORY_DECAY * counts[0] + accepted
-        counts[1] = MEMORY_DECAY * counts[1] + (accepted < drafted)
-
-
 class LookupOrModel:
     """One sequence's choice between prompt lookup and the model drafter, from how each has done."""
 
-    def __init__(self, memory: LookupMemory | None = None, kind: Hashable = None) -> None:
-        self.memory, self.kind = memory, kind
-        self.lookup = memory.prior(kind) if memory is not None else AcceptanceEstimate(*LOOKUP_PRIOR)
+    def __init__(self, memory: AcceptanceMemory | None = None, kind: Hashable = None) -> None:
+        self.memory, self.kind = memory, kind  # lookup's acceptance in earlier requests, per sampling kind
+        remembered = memory.prior(kind) if memory is not None else None
+        self.lookup = AcceptanceEstimate(*(remembered or LOOKUP_PRIOR))
         self.model = AcceptanceEstimate(*MODEL_PRIOR)
         self._shadow: tuple[int, list[int]] | None = None  # (position, lookup's tokens) of a model step
 
@@ -129,7 +107,7 @@ class LookupOrModel:
     def _observe_lookup(self, drafted: int, accepted: int) -> None:
         self.lookup.observe(drafted, accepted)
         if self.memory is not None:
-            self.memory.count(self.kind, drafted, accepted)
+            self.memory.count(self.kind, accepted, accepted < drafted)
 
 
 class LookupThenModelDrafter(Drafter):
@@ -137,7 +115,7 @@ class LookupThenModelDrafter(Drafter):
         self.lookup = PromptLookupDrafter(max_ngram=max(max_ngram, LOOKUP_MIN_NGRAM), min_ngram=LOOKUP_MIN_NGRAM)
         self.model = model
         self.name = f"prompt-lookup+{model.name}"
-        self.memory = LookupMemory()
+        self.memory = AcceptanceMemory()
         self.choice: LookupOrModel | None = None  # the request's, made at its first proposal
         self._last: tuple[bool, int] | None = None  # (by lookup, tokens drafted) of the last proposal
 
