@@ -13,20 +13,47 @@ from quickdraft.drafters.lookup_then_model import LookupOrModel, LookupThenModel
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.drafters.factory import draft_model_path, names_a_draft_model
 from quickdraft.errors import QuickdraftError
+from quickdraft.model.compiled import CompiledSteps
 from quickdraft.model.loader import load_model
 from quickdraft.sampling import SamplingParams
 
 
 def test_the_choice_follows_what_each_drafter_has_committed() -> None:
     choice = LookupOrModel()
-    assert choice.prefers_lookup([], 4, model_cost=0.1)  # the priors: lookup first, it costs nothing
+    assert choice.prefers_lookup(4, model_cost=0.1)  # the priors: lookup first, it costs nothing
     for _ in range(3):
         choice.observe(by_lookup=True, drafted=4, accepted=0)
-    assert not choice.prefers_lookup([], 4, model_cost=0.1)  # failing lookups hand over to the model
-    assert choice.prefers_lookup([], 4, model_cost=3.0)  # unless the model costs more than lookup's misses
+    assert not choice.prefers_lookup(4, model_cost=0.1)  # failing lookups hand over to the model
+    assert choice.prefers_lookup(4, model_cost=3.0)  # unless the model costs more than lookup's misses
     for _ in range(10):
         choice.observe(by_lookup=True, drafted=4, accepted=4)
-    assert choice.prefers_lookup([], 4, model_cost=0.1)
+    assert choice.prefers_lookup(4, model_cost=0.1)
+
+
+def test_a_dearer_verify_leans_the_choice_to_the_model() -> None:
+    """Both drafters pay the verifying forward; only the model pays k drafting steps on top. The
+    dearer the verify, the smaller the model's extra share, the better lookup's acceptance must be."""
+    choice = LookupOrModel()
+    for _ in range(4):
+        choice.observe(by_lookup=True, drafted=4, accepted=1)  # lookup α 6/11 against the model's prior 3/4
+    assert choice.prefers_lookup(4, model_cost=0.15, verify_cost=1.0)
+    assert not choice.prefers_lookup(4, model_cost=0.15, verify_cost=1.6)
+
+
+def test_the_lone_drafter_weighs_the_verify_cost_the_engine_measured(checkpoints, monkeypatch) -> None:
+    target = load_model(checkpoints["target"])
+    engine = Engine(target, f"prompt-lookup+{checkpoints['related']}", exact=False)
+    timed = CompiledSteps(target.model, enabled=False, row_buckets=(1, 2, 4))
+    monkeypatch.setattr(engine, "target_steps", timed)
+    assert engine._measured_verify_cost() is None  # nothing timed yet: the rule keeps its default
+    timed.row_seconds = {1: 2.0, 2: 2.4, 4: 3.0}
+    measured = engine._measured_verify_cost()
+    assert measured is not None and measured(3) == 1.5 and measured(1) == 1.2
+    asked: list[int] = []
+    monkeypatch.setattr(engine, "_measured_verify_cost", lambda: lambda k: asked.append(k) or 1.5)
+    monkeypatch.setattr(engine, "target_steps", None)
+    engine.generate([5, 17, 3, 88, 41, 9, 60, 23] * 3, 24, gamma=3)
+    assert asked and set(asked) <= {1, 2, 3}  # every proposal asked (γ 3, fewer at the end)
 
 
 def test_a_shadow_draft_counts_as_the_lookup_step_it_would_have_been() -> None:
@@ -37,7 +64,7 @@ def test_a_shadow_draft_counts_as_the_lookup_step_it_would_have_been() -> None:
         prefix = [5, 6]
         accepted, rejections = choice.lookup.accepted, choice.lookup.rejections
         choice.shadow(len(prefix), proposed)
-        choice.prefers_lookup(prefix + committed, 4, model_cost=0.1)
+        choice.score_shadow(prefix + committed)
         return choice.lookup.accepted - accepted, choice.lookup.rejections - rejections
 
     assert scored([7, 8, 9, 10], [7, 8, 3, 10, 11]) == (2, 1)  # the third token would have been rejected
@@ -46,7 +73,7 @@ def test_a_shadow_draft_counts_as_the_lookup_step_it_would_have_been() -> None:
     assert scored([7, 8], [7, 8, 9]) == (2, 0)
     assert scored([], [7, 8, 9]) == (0, 0)  # no match in the context, no shadow
     accepted, rejections = choice.lookup.accepted, choice.lookup.rejections
-    choice.prefers_lookup([5, 6, 7, 8, 3], 4, model_cost=0.1)
+    choice.score_shadow([5, 6, 7, 8, 3])
     assert (choice.lookup.accepted, choice.lookup.rejections) == (accepted, rejections)  # scored once
     assert before != (accepted, rejections)
 
@@ -56,19 +83,20 @@ def test_lookup_takes_over_from_the_model_once_its_shadows_fit_and_hands_back_wh
     tokens = [1, 2]
     for _ in range(3):  # lookup drafts and fails: the model takes over
         choice.observe(by_lookup=True, drafted=4, accepted=0)
-    assert not choice.prefers_lookup(tokens, 4, model_cost=0.1)
+    assert not choice.prefers_lookup(4, model_cost=0.1)
     for model_steps in range(1, 4):  # the model drafts; lookup's shadows start to fit (the text repeats)
         choice.observe(by_lookup=False, drafted=4, accepted=2)
         choice.shadow(len(tokens), [9, 9, 9, 9])
         tokens += [9, 9, 9]
-        if choice.prefers_lookup(tokens, 4, model_cost=0.1):
+        choice.score_shadow(tokens)
+        if choice.prefers_lookup(4, model_cost=0.1):
             break
-    assert choice.prefers_lookup(tokens, 4, model_cost=0.1) and model_steps <= 3  # no lookup step spent on it
+    assert choice.prefers_lookup(4, model_cost=0.1) and model_steps <= 3  # no lookup step spent on it
     for failures in range(1, 6):
         choice.observe(by_lookup=True, drafted=4, accepted=0)
-        if not choice.prefers_lookup(tokens, 4, model_cost=0.1):
+        if not choice.prefers_lookup(4, model_cost=0.1):
             break
-    assert not choice.prefers_lookup(tokens, 4, model_cost=0.1) and failures <= 3
+    assert not choice.prefers_lookup(4, model_cost=0.1) and failures <= 3
 
 
 def test_a_new_request_starts_from_what_lookup_did_in_earlier_ones_with_the_same_sampling() -> None:
@@ -76,16 +104,16 @@ def test_a_new_request_starts_from_what_lookup_did_in_earlier_ones_with_the_same
     hot, greedy = sampling_kind(SamplingParams(0.8)), sampling_kind(SamplingParams())
     assert sampling_kind(SamplingParams(0.8, seed=3)) == hot != sampling_kind(SamplingParams(0.8, top_p=0.9))
     first = LookupOrModel(memory, hot)
-    assert first.prefers_lookup([], 4, model_cost=0.1)  # nothing measured yet: the prior tries lookup
+    assert first.prefers_lookup(4, model_cost=0.1)  # nothing measured yet: the prior tries lookup
     for _ in range(10):
         first.observe(by_lookup=True, drafted=4, accepted=0)
-    assert not LookupOrModel(memory, hot).prefers_lookup([], 4, model_cost=0.1)  # the next one starts on the model
-    assert LookupOrModel(memory, greedy).prefers_lookup([], 4, model_cost=0.1)  # greedy requests are another kind
+    assert not LookupOrModel(memory, hot).prefers_lookup(4, model_cost=0.1)  # the next one starts on the model
+    assert LookupOrModel(memory, greedy).prefers_lookup(4, model_cost=0.1)  # greedy requests are another kind
     first.observe(by_lookup=False, drafted=4, accepted=4)  # the model's steps are not lookup's to remember
     assert memory.counts[hot] == pytest.approx([0.0, sum(0.99 ** i for i in range(10))])
     for _ in range(300):  # what it remembers follows what lookup does now
         LookupOrModel(memory, hot).observe(by_lookup=True, drafted=4, accepted=4)
-    assert LookupOrModel(memory, hot).prefers_lookup([], 4, model_cost=0.1)
+    assert LookupOrModel(memory, hot).prefers_lookup(4, model_cost=0.1)
 
 
 def _counting(drafter: LookupThenModelDrafter) -> dict[str, int]:

@@ -10,7 +10,8 @@ model's,
 
 with α each drafter's per-token acceptance in this request so far (from a prior: for lookup, what it
 measured in earlier requests with the same sampling settings, when there were any), c the model
-drafter's step cost over the target's and v a verifying forward's (VERIFY_COST). Lookup's estimate
+drafter's step cost over the target's and v(k) a k-draft verifying forward's over a 1-row step's (the
+engine's measurement, ``DraftContext.verify_cost``; VERIFY_COST where it has none). Lookup's estimate
 also learns on the model's steps, for free: where the context matched, what lookup would have
 proposed is scored against the tokens the step committed (a shadow draft). Those tokens are the target's own output, greedy or sampled from p, so
 lookup's token matches one exactly when the target would have accepted it (with probability p(token),
@@ -23,7 +24,7 @@ whichever drafter proposed: lossless either way.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from quickdraft.acceptance_memory import AcceptanceMemory
@@ -36,9 +37,9 @@ LOOKUP_MIN_NGRAM = 2  # a single repeated token is too weak a match to skip the 
 # Priors, as (accepted, rejections) pseudo-counts: α 2/3 for lookup, 3/4 for a model drafter.
 LOOKUP_PRIOR = (2.0, 1.0)
 MODEL_PRIOR = (3.0, 1.0)
-# A k-row verifying forward's cost in 1-row target steps, which both drafters' steps pay: 1.29-1.55 at
-# γ 3-4 on the bench's CPUs (round 30). Counted as 1, a self-draft (c ≈ 0.3) behind lookup handed
-# 9% of its T = 0.8 steps to failing lookups; nearer 1 on a GPU, where the rule leans to the model.
+# A verifying forward's cost in 1-row target steps, which both drafters' steps pay, where the engine
+# has not measured it (eager steps): 1.29-1.55 at γ 3-4 on the bench's CPUs (round 30). Counted as 1,
+# a self-draft (c ≈ 0.3) behind lookup handed 9% of its T = 0.8 steps to failing lookups.
 VERIFY_COST = 1.4
 
 
@@ -77,12 +78,11 @@ class LookupOrModel:
         self.model = AcceptanceEstimate(*MODEL_PRIOR)
         self._shadow: tuple[int, list[int]] | None = None  # (position, lookup's tokens) of a model step
 
-    def prefers_lookup(self, tokens: list[int], k: int, model_cost: float) -> bool:
-        """Whether lookup should draft the k tokens after ``tokens`` (every committed token: the last
-        step's shadow draft is scored against them first)."""
-        self._score_shadow(tokens)
-        lookup_rate = expected_tokens(self.lookup.alpha, k) / VERIFY_COST
-        return lookup_rate >= expected_tokens(self.model.alpha, k) / (VERIFY_COST + k * model_cost)
+    def prefers_lookup(self, k: int, model_cost: float, verify_cost: float = VERIFY_COST) -> bool:
+        """Whether lookup should draft the next k tokens (``score_shadow`` first, with the tokens
+        committed since the last proposal)."""
+        lookup_rate = expected_tokens(self.lookup.alpha, k) / verify_cost
+        return lookup_rate >= expected_tokens(self.model.alpha, k) / (verify_cost + k * model_cost)
 
     def observe(self, by_lookup: bool, drafted: int, accepted: int) -> None:
         if by_lookup:
@@ -94,7 +94,8 @@ class LookupOrModel:
         """What lookup would have drafted at ``position`` on a step the model drafted."""
         self._shadow = (position, proposed) if proposed else None
 
-    def _score_shadow(self, tokens: list[int]) -> None:
+    def score_shadow(self, tokens: list[int]) -> None:
+        """Score the last model step's shadow draft, if any, against ``tokens`` (every committed token)."""
         if self._shadow is None:
             return
         position, proposed = self._shadow
@@ -117,19 +118,23 @@ class LookupThenModelDrafter(Drafter):
         self.name = f"prompt-lookup+{model.name}"
         self.memory = AcceptanceMemory()
         self.choice: LookupOrModel | None = None  # the request's, made at its first proposal
+        self.verify_cost: Callable[[int], float] | None = None  # the engine's measurement, per request
         self._last: tuple[bool, int] | None = None  # (by lookup, tokens drafted) of the last proposal
 
     def begin(self, prompt_ids: list[int], context: DraftContext) -> None:
         self.lookup.begin(prompt_ids, context)
         self.model.begin(prompt_ids, context)
         self.choice = None
+        self.verify_cost = context.verify_cost
         self._last = None
 
     def propose(self, tokens: list[int], k: int, sampling: SamplingParams, sampler: TokenSampler,
                 confidence_stop: float | None = None) -> Draft:
         if self.choice is None:
             self.choice = LookupOrModel(self.memory, sampling_kind(sampling))
-        use_lookup = self.choice.prefers_lookup(tokens, k, self.model.relative_cost_hint)
+        self.choice.score_shadow(tokens)
+        verify_cost = self.verify_cost(k) if self.verify_cost is not None else VERIFY_COST
+        use_lookup = self.choice.prefers_lookup(k, self.model.relative_cost_hint, verify_cost)
         looked_up = self.lookup.propose(tokens, k, sampling, sampler)
         if use_lookup and looked_up.tokens:
             self._last = (True, len(looked_up.tokens))
