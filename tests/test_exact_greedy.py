@@ -7,7 +7,8 @@ import torch
 
 from hf_factory import make_hf_checkpoint
 from quickdraft import Engine
-from quickdraft.model.loader import load_model
+from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.model.loader import LoadedModel, load_model
 
 N_PROMPTS = 20
 NEW_TOKENS = 128
@@ -32,9 +33,15 @@ DRAFTERS = {
     "self": (0.95, 1.0),
     "related": (0.3, 0.99),  # the target's weights plus noise
     "unrelated": (0.0, 0.2),  # a different random model: almost every step rejects
+    "related, cut head": (0.2, 0.99),  # drafting over 48 of the 96 tokens only (model/draft_head.py)
     "early-exit:1": (0.0, 1.0),
     "prompt-lookup": (0.0, 1.0),
 }
+
+
+def cut_head_draft(draft: LoadedModel) -> DraftModelDrafter:
+    """``draft`` drafting over the even token ids only: half its drafts are of tokens it cannot pick."""
+    return DraftModelDrafter(draft, head_ids=torch.arange(0, draft.config.vocab_size, 2))
 
 
 @pytest.mark.slow
@@ -42,7 +49,8 @@ def test_greedy_speculative_equals_plain_greedy(dtype_models):
     dtype, loaded = dtype_models
     engines = {}
     for name in DRAFTERS:
-        drafter = {"self": loaded["target"], "related": loaded["related"], "unrelated": loaded["unrelated"]}.get(name, name)
+        drafter = {"self": loaded["target"], "related": loaded["related"], "unrelated": loaded["unrelated"],
+                   "related, cut head": cut_head_draft(loaded["related"])}.get(name, name)
         engines[name] = Engine(loaded["target"], drafter)
         assert engines[name].exact, f"exact mode unavailable for {dtype} on this platform"
     acceptance: dict[str, list[float]] = {name: [] for name in DRAFTERS}
@@ -50,7 +58,7 @@ def test_greedy_speculative_equals_plain_greedy(dtype_models):
         plain = engines["self"].generate(prompt, NEW_TOKENS, gamma=0)
         assert len(plain.token_ids) == NEW_TOKENS
         for name, engine in engines.items():
-            for gamma in GAMMAS if name in ("self", "related", "unrelated") else GAMMAS_MODEL_FREE:
+            for gamma in GAMMAS if name in ("self", "related", "unrelated", "related, cut head") else GAMMAS_MODEL_FREE:
                 spec = engine.generate(prompt, NEW_TOKENS, gamma=gamma)
                 assert spec.token_ids == plain.token_ids, f"{dtype} {name} gamma={gamma} prompt={prompt}"
                 acceptance[name].append(spec.stats.acceptance_rate)
@@ -112,6 +120,7 @@ def test_greedy_tree_speculation_equals_plain_greedy(dtype_models):
     engines = {name: Engine(loaded["target"], loaded.get(name, name), tree_nodes=TREE_NODES)
                for name in ("related", "unrelated", "early-exit:1", "prompt-lookup")}
     engines["related auto"] = Engine(loaded["target"], loaded["related"], tree_nodes="auto")  # trees and chains
+    engines["related, cut head"] = Engine(loaded["target"], cut_head_draft(loaded["related"]), tree_nodes=TREE_NODES)
     for name, engine in engines.items():
         assert engine.exact and engine.tree_shape is not None, f"exact trees unavailable for {dtype} ({name})"
     tree_steps = {name: 0 for name in engines}

@@ -213,6 +213,27 @@ def test_multi_layer_sampling_matches_target_distribution(pair, drafter, prompt,
     assert min(p_values.values()) > ALPHA, p_values
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("rule,temperature,top_k,top_p,path", [
+    ("rejection", 1.0, 0, 1.0, "single"), ("rejection", 0.8, 5, 0.9, "single"),
+    ("rejection", 0.8, 0, 1.0, "batched"), ("coupled", 0.8, 5, 0.9, "batched")])
+def test_a_draft_with_a_cut_head_samples_the_target_distribution(pair, rule, temperature, top_k, top_p, path):
+    """The draft model over 8 of the 12 tokens (model/draft_head.py): its q gives the other 4
+    probability 0, and the target still produces them (residual or race). Alone, q comes from the
+    step-by-step draft (truncated) or the native draws (untruncated); batched, from one native call."""
+    target, draft = pair
+    params = SamplingParams(temperature, top_k, top_p, rule=rule)
+    engine = Engine(target, DraftModelDrafter(draft, head_ids=torch.tensor([0, 1, 2, 3, 5, 6, 8, 9])), exact=False)
+    if path == "batched":
+        samples = batched_samples(engine, [(params, 3)], N_SAMPLES_MULTI_LAYER)[0]
+    else:
+        samples = speculative_samples(engine, params, 3, N_SAMPLES_MULTI_LAYER)
+    assert engine.generate(PROMPT, 16, SamplingParams(1.0, seed=0), gamma=3).stats.accepted > 0
+    assert np.isin(samples, [4, 7, 10, 11]).any()  # tokens the draft cannot propose still come out
+    p_values = fit_p_values(samples, exact_joint(target, params))
+    assert min(p_values.values()) > ALPHA, p_values
+
+
 @pytest.fixture(scope="module")
 def gpt2_target(tmp_path_factory):
     """A 2-layer GPT-2 (learned positions, LayerNorm, biases: torch's per-op path) over the same 12 tokens."""

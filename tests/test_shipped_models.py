@@ -52,6 +52,19 @@ def test_both_pairs_speak_one_vocabulary(pair) -> None:  # noqa: ANN001
     assert json.loads((pair["root"] / "target" / "tokenizer.json").read_text()) == default
 
 
+def test_each_draft_ships_a_head_of_its_most_frequent_tokens_the_engine_uses(pair) -> None:  # noqa: ANN001
+    from quickdraft.drafters.factory import make_drafter
+    from quickdraft.model.draft_head import load_draft_head
+
+    draft = pair["draft"]
+    head = load_draft_head(draft.path, draft.config.vocab_size)
+    assert head is not None and len(head) == draft.config.vocab_size // 4
+    assert set(draft.eos_token_ids) <= set(head.tolist())  # a draft can always propose the end
+    ids = draft.tokenizer.encode(SNIPPET, add_special_tokens=False)
+    assert sum(i in set(head.tolist()) for i in ids) >= 0.8 * len(ids)  # Python source is mostly head tokens
+    assert make_drafter(draft, pair["target"]).head_tokens == len(head)  # type: ignore[union-attr]
+
+
 def test_draft_is_at_most_a_tenth_of_the_target(pair) -> None:  # noqa: ANN001
     assert pair["draft"].n_params * 10 <= pair["target"].n_params
 

@@ -64,6 +64,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-dtype", choices=["fp32", "bf16", "fp16"],
                         help="a draft model's dtype (default: fp32 on CPU, where a small draft runs faster "
                         "in fp32; the target's dtype elsewhere)")
+    parser.add_argument("--full-draft-head", action="store_true",
+                        help="a draft model drafts over its whole vocabulary, not over the most frequent tokens "
+                        "saved beside it in draft_head.json (quickdraft train draft-head; the embedded drafts have "
+                        "one: a cheaper draft step, the output unchanged)")
     parser.add_argument("--compile-drafter", action=argparse.BooleanOptionalAction,
                         help="torch.compile the draft model's steps: seconds of compilation at the first "
                         "request, then faster drafting (default: on for serve and bench, off for generate)")
@@ -133,7 +137,8 @@ def build_engine(args: argparse.Namespace):
     target, drafter = resolve_target_and_drafter(args)
     return Engine(target, drafter, exact=not args.no_exact, dtype=args.dtype, device=args.device,
                   draft_dtype=args.draft_dtype, compile_drafter=bool(args.compile_drafter),
-                  compile_target=bool(args.compile_target), tree_nodes=getattr(args, "tree", None))
+                  compile_target=bool(args.compile_target), tree_nodes=getattr(args, "tree", None),
+                  full_draft_head=bool(getattr(args, "full_draft_head", False)))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -139,6 +139,7 @@ class Engine:
         compile_drafter: bool = False,
         compile_target: bool = False,
         tree_nodes: int | str | None = None,
+        full_draft_head: bool = False,
     ) -> None:
         """``draft_dtype``: a draft model's dtype (default: ``default_draft_dtype``: the target's, fp32 on a CPU without the bf16 kernels).
         ``compile_drafter``: run the draft model's 1- and 2-row steps through torch.compile (seconds
@@ -153,7 +154,9 @@ class Engine:
         nodes as it decodes and runs whichever gives the most tokens per second, ``tree_budget``).
         Exact mode then pads every target forward to hold a whole tree and runs them eagerly, except
         on native forwards, which need no padding. Either way a probe checks that tree rows get the
-        bits of the same tokens fed as a chain; where they do not, exact mode speculates with chains."""
+        bits of the same tokens fed as a chain; where they do not, exact mode speculates with chains.
+        ``full_draft_head``: a draft model drafts over its whole vocabulary even where a frequency-ranked
+        head is saved beside it (model/draft_head.py: by default it drafts over that head's tokens)."""
         if not isinstance(max_gamma, int) or max_gamma < 1:
             raise QuickdraftError(f"max_gamma must be an integer >= 1, got {max_gamma!r}")
         self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype=dtype, device=device)
@@ -177,7 +180,8 @@ class Engine:
             self.vocab_limit = min(self.vocab_limit, self.tokenizer.vocab_size)
         if draft_dtype is None:
             draft_dtype = default_draft_dtype(dtype, device)
-        self.drafter = make_drafter(drafter, self.target, dtype=draft_dtype, device=device, compile=compile_drafter)
+        self.drafter = make_drafter(drafter, self.target, dtype=draft_dtype, device=device, compile=compile_drafter,
+                                    full_draft_head=full_draft_head)
         budgets = AUTO_TREE_BUDGETS if tree_nodes == "auto" else (() if tree_nodes is None else (tree_nodes,))
         self.tree_shapes = {budget: TreeShape.for_budget(budget) for budget in budgets}  # type: ignore[arg-type]
         if self.tree_shape is not None and self.drafter is None:

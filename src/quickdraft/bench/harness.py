@@ -42,6 +42,7 @@ from quickdraft.drafters.trees import AUTO_TREE_BUDGETS, TreeShape
 from quickdraft.tree import TokenTree
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.compiled import static_capacity
+from quickdraft.model.draft_head import load_draft_head
 from quickdraft.model.loader import LoadedModel, default_draft_dtype, dtype_name, load_model, parse_dtype
 from quickdraft.sampling import SamplingParams
 
@@ -80,6 +81,7 @@ class BenchSettings:
     draft_dtype: str | None = None  # None: default_draft_dtype
     compile_drafter: bool = True  # torch.compile the draft model's steps (compiled during the warm-up)
     compile_target: bool = True  # the same for the target's steps in every non-exact engine, plain included
+    full_draft_head: bool = False  # draft over the whole vocabulary even where draft_head.json cuts the head
     native_forwards: bool = False  # set by the run: the target ran quickdraft's whole forwards in C++ (model/native.py)
     device: str = "cpu"
     prompts: str | None = None  # JSONL of {"id", "kind", "prompt"}; None: the shipped set
@@ -323,7 +325,8 @@ class Bench:
             if key not in engines:
                 drafter = None
                 if kind == "draft":
-                    drafter = RecordingDrafter(make_drafter(draft, target, compile=s.compile_drafter))
+                    drafter = RecordingDrafter(make_drafter(draft, target, compile=s.compile_drafter,
+                                                            full_draft_head=s.full_draft_head))
                 elif kind == "early-exit":
                     drafter = RecordingDrafter(make_drafter(s.early_exit, target))
                 elif kind == "self-draft":
@@ -331,7 +334,8 @@ class Bench:
                 elif kind == "prompt-lookup":
                     drafter = RecordingDrafter(make_drafter(s.prompt_lookup, target))
                 elif kind in ("lookup+draft", "lookup+self-draft"):
-                    model = make_drafter(draft, target, compile=s.compile_drafter) if kind == "lookup+draft" \
+                    model = make_drafter(draft, target, compile=s.compile_drafter,
+                                         full_draft_head=s.full_draft_head) if kind == "lookup+draft" \
                         else make_drafter(s.self_draft, target)
                     assert model is not None
                     drafter = RecordingDrafter(LookupThenModelDrafter(model))
@@ -498,6 +502,13 @@ class Bench:
         finally:
             torch.set_num_threads(threads)
 
+    def _draft_head_tokens(self, draft: LoadedModel) -> int | None:
+        """The tokens the draft model drafts over where its head is cut (model/draft_head.py), else None."""
+        if self.settings.full_draft_head:
+            return None
+        head_ids = load_draft_head(draft.path, draft.config.vocab_size)
+        return None if head_ids is None else len(head_ids)
+
     def _run(self) -> dict[str, Any]:
         s = self.settings
         if s.clock not in CLOCKS:
@@ -586,7 +597,9 @@ class Bench:
             "target": {"path": str(target.path), "parameters": target.n_params, "layers": target.config.n_layer,
                        "hidden_size": target.config.n_embd, "vocab_size": target.config.vocab_size},
             "draft": None if draft is None else {"path": str(draft.path), "parameters": draft.n_params,
-                                                 "layers": draft.config.n_layer, "hidden_size": draft.config.n_embd},
+                                                 "layers": draft.config.n_layer, "hidden_size": draft.config.n_embd,
+                                                 "vocab_size": draft.config.vocab_size,
+                                                 "head_tokens": self._draft_head_tokens(draft)},
             "baseline": BASELINE,
             "headline": headline,
             "results": rows,

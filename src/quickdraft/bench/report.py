@@ -51,7 +51,9 @@ def markdown_report(report: dict[str, Any], command: str | None = None) -> str:
                f"quickdraft kernels: {m.get('kernels') or 'none'}, "
                f"transformers {m.get('transformers') or 'not installed'}, Python {m['python']}.")
     out.append(f"Target: {t['parameters'] / 1e6:.1f}M parameters ({t['layers']} layers, width {t['hidden_size']}); "
-               + (f"draft: {d['parameters'] / 1e6:.2f}M ({d['layers']} layers, width {d['hidden_size']})." if d else
+               + (f"draft: {d['parameters'] / 1e6:.2f}M ({d['layers']} layers, width {d['hidden_size']}"
+                  + (f"; drafting over the {d['head_tokens']:,} most frequent of its {d['vocab_size']:,} tokens"
+                     if d.get("head_tokens") else "") + ")." if d else
                   "no draft model."))
     kinds: dict[str, int] = {}
     for p in report["prompts"]:

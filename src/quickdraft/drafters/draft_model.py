@@ -12,6 +12,7 @@ from quickdraft.drafters.base import Draft, DraftContext, Drafter, draft_autoreg
 from quickdraft.drafters.trees import TreeShape, grow_tree, model_expansion
 from quickdraft.errors import VocabularyMismatchError
 from quickdraft.model.compiled import CompiledSteps, CompiledTreeSteps, static_capacity
+from quickdraft.model.draft_head import with_subset_head
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.loader import LoadedModel
 from quickdraft.model.tokenizer import Tokenizer
@@ -152,9 +153,11 @@ def check_vocabulary_compatible(target: Tokenizer, draft: Tokenizer) -> None:
 class DraftModelDrafter(Drafter):
     name = "draft-model"
 
-    def __init__(self, draft: LoadedModel, *, compile: bool = False) -> None:
+    def __init__(self, draft: LoadedModel, *, compile: bool = False, head_ids: torch.Tensor | None = None) -> None:
+        """``head_ids``: draft over these tokens only (model/draft_head.py), else over the whole vocabulary."""
         self.draft = draft
-        self.model = draft.model
+        self.model = draft.model if head_ids is None else with_subset_head(draft.model, head_ids)
+        self.head_tokens = len(head_ids) if head_ids is not None else None
         self.model.pack_products()
         self.steps = CompiledSteps.shared(draft.model, (1, 2)) if compile else CompiledSteps(draft.model, enabled=False)
         self.cache: KVCache | None = None

@@ -19,6 +19,7 @@ from quickdraft.drafters.feature_draft import FeatureDrafter
 from quickdraft.drafters.self_draft import SelfDraftDrafter, default_self_draft_path
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.config import EARLY_EXIT_CONFIG_KEY
+from quickdraft.model.draft_head import load_draft_head
 from quickdraft.model.feature_draft import FORMAT as FEATURE_DRAFT_FORMAT
 from quickdraft.model.feature_draft import saved_format
 from quickdraft.model.loader import LoadedModel, load_model
@@ -80,19 +81,20 @@ def make_drafter(
     dtype: str | torch.dtype = "fp32",
     device: str = "cpu",
     compile: bool = False,
+    full_draft_head: bool = False,
 ) -> Drafter | None:
     """``dtype`` and ``compile`` apply to a draft model (``compile``: torch.compile its steps); a
-    self-draft runs in the target's dtype, on the target's layers."""
+    self-draft runs in the target's dtype, on the target's layers. A draft model drafts over the
+    frequency-ranked head saved beside it (model/draft_head.py), if any, unless ``full_draft_head``."""
     if spec is None or isinstance(spec, Drafter):
         return spec
     if isinstance(spec, LoadedModel):
-        drafter = DraftModelDrafter(spec, compile=compile)
-        drafter.check_compatible(target)
-        return drafter
+        return _draft_model(spec, target, compile=compile, full_head=full_draft_head)
     text = str(spec)
     pair = lookup_and_model_specs(text)
     if pair is not None:
-        return _lookup_then_model(text, *pair, target, dtype=dtype, device=device, compile=compile)
+        return _lookup_then_model(text, *pair, target, dtype=dtype, device=device, compile=compile,
+                                  full_draft_head=full_draft_head)
     name, _, arg = text.partition(":")
     if name == "early-exit":
         layer = _parse_int(text, arg) if arg else default_exit_layer(target)
@@ -104,19 +106,25 @@ def make_drafter(
         return SelfDraftDrafter(target, path)
     if name == "prompt-lookup":
         return PromptLookupDrafter(max_ngram=_parse_int(text, arg)) if arg else PromptLookupDrafter()
-    drafter = DraftModelDrafter(load_model(spec, dtype=dtype, device=device), compile=compile)
+    return _draft_model(load_model(spec, dtype=dtype, device=device), target, compile=compile, full_head=full_draft_head)
+
+
+def _draft_model(draft: LoadedModel, target: LoadedModel, *, compile: bool, full_head: bool) -> DraftModelDrafter:
+    head_ids = None if full_head else load_draft_head(draft.path, draft.config.vocab_size)
+    drafter = DraftModelDrafter(draft, compile=compile, head_ids=head_ids)
     drafter.check_compatible(target)
     return drafter
 
 
 def _lookup_then_model(text: str, lookup: str, model_spec: str, target: LoadedModel, *, dtype: str | torch.dtype,
-                       device: str, compile: bool) -> LookupThenModelDrafter:
+                       device: str, compile: bool, full_draft_head: bool) -> LookupThenModelDrafter:
     if not model_spec:
         raise QuickdraftError(f"drafter {text!r}: name the model drafter after '+' (a draft model's path or hub "
                               "id, self[:PATH] or early-exit[:L]), e.g. prompt-lookup+self")
     if lookup_and_model_specs(model_spec) is not None or model_spec.partition(":")[0] == "prompt-lookup":
         raise QuickdraftError(f"drafter {text!r}: after '+' comes a model drafter, not prompt lookup")
-    model = make_drafter(model_spec, target, dtype=dtype, device=device, compile=compile)
+    model = make_drafter(model_spec, target, dtype=dtype, device=device, compile=compile,
+                         full_draft_head=full_draft_head)
     assert model is not None
     _, _, n = lookup.partition(":")
     return LookupThenModelDrafter(model, max_ngram=_parse_int(text, n)) if n else LookupThenModelDrafter(model)

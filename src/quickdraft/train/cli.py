@@ -1,4 +1,4 @@
-"""``quickdraft train``: corpus | tokenizer | target | draft | self-draft | export | eval | install | all.
+"""``quickdraft train``: corpus | tokenizer | target | draft | self-draft | draft-head | export | eval | install | all.
 
 Every step reads and writes plain directories, so each can be rerun or resumed on its own:
 
@@ -14,6 +14,7 @@ For a model of your own (a directory or hub id; any text, tokenized with the mod
 
     quickdraft train self-draft --target MODEL --data my_texts/ --out runs/self_draft --max-minutes 20
     quickdraft train draft      --target MODEL --data my_texts/ --out runs/my_draft --max-minutes 30
+    quickdraft train draft-head --draft runs/my_draft/final --data my_texts/
     quickdraft train install    --target runs/target/final --draft runs/draft/final
 """
 
@@ -159,6 +160,16 @@ def _cmd_self_draft(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_draft_head(ns: argparse.Namespace) -> int:
+    from quickdraft.train.draft_head import make_draft_head
+
+    summary = make_draft_head(ns.draft, ns.data, head_tokens=ns.head_tokens, out=ns.out)
+    print(json.dumps(summary, indent=2))
+    print(f"the draft now drafts over its {summary['head_tokens']} most frequent tokens "
+          f"({summary['head_file']}); --full-draft-head drafts over all of them", file=sys.stderr)
+    return 0
+
+
 def _cmd_eval(ns: argparse.Namespace) -> int:
     from quickdraft.train.evaluate import evaluate_pair
 
@@ -195,6 +206,13 @@ def _cmd_install(ns: argparse.Namespace) -> int:
         dest.mkdir(parents=True, exist_ok=True)
         for file in SHIPPED_FILES:
             shutil.copyfile(source / file, dest / file)
+        if name == "draft":  # its frequency-ranked head (quickdraft train draft-head), or none: the whole head
+            from quickdraft.model.draft_head import HEAD_FILE
+
+            if (source / HEAD_FILE).exists():
+                shutil.copyfile(source / HEAD_FILE, dest / HEAD_FILE)
+            else:
+                (dest / HEAD_FILE).unlink(missing_ok=True)
     if ns.self_draft is not None:  # the target's self-draft module, where --drafter self finds it
         from quickdraft.model.self_draft import CONFIG_FILE, DEFAULT_DIR, WEIGHTS_FILE
 
@@ -321,6 +339,20 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="train this saved self-draft of the target further (its shape and head kept; a fresh "
                    "optimizer and schedule); --resume from OUT/checkpoint.pt still wins")
     p.set_defaults(func=_cmd_self_draft)
+
+    p = sub.add_parser("draft-head", help="count the tokens a draft model drafts over: its head cut to the most "
+                       "frequent tokens of your text (no training; seconds)",
+                       description="Tokenizes --data with the draft's tokenizer and saves the --head-tokens most "
+                       "frequent tokens as DRAFT/draft_head.json (model/draft_head.py). The draft then drafts over "
+                       "them only: a cheaper step, drafts accepted about as often, the output unchanged.")
+    p.add_argument("--draft", required=True, help="the draft model: a directory (or hub id, with --out)")
+    p.add_argument("--data", type=Path, nargs="+", required=True,
+                   help="text files or directories (a corpus .jsonl's \"text\" fields; a token corpus directory)")
+    p.add_argument("--head-tokens", type=int, default=None,
+                   help="tokens the head keeps (default: a quarter of the vocabulary, >= 1,024)")
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="write draft_head.json here instead of beside the draft")
+    p.set_defaults(func=_cmd_draft_head)
 
     p = sub.add_parser("eval", help="validation loss and greedy acceptance (draft and early exit)")
     p.add_argument("--target", type=Path, default=ASSETS / "target")

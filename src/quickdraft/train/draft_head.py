@@ -1,0 +1,73 @@
+"""``quickdraft train draft-head``: count which tokens a draft's head keeps (model/draft_head.py).
+
+The K most frequent tokens of the user's text, tokenized with the draft's own tokenizer, are saved
+beside the draft as draft_head.json; the draft then drafts over them only. No weights change, and
+the count takes seconds: a draft for any target can have one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from quickdraft.errors import QuickdraftError
+from quickdraft.model.draft_head import save_draft_head
+from quickdraft.model.loader import load_model
+from quickdraft.model.self_draft import default_head_tokens
+from quickdraft.model.tokenizer import Tokenizer
+from quickdraft.train.self_draft import frequent_tokens
+from quickdraft.train.text_data import is_token_corpus, load_stream, text_files
+
+MIN_TOKENS = 10_000  # fewer counted tokens than this rank most of a head by ties, not by use
+
+
+def _texts(files: list[Path]) -> Iterator[str]:
+    """Each file's text; a .jsonl file's "text" fields (the corpus ``quickdraft train corpus`` writes)."""
+    for path in files:
+        try:
+            if path.suffix == ".jsonl":
+                for line in path.read_text(encoding="utf-8").splitlines():
+                    record = json.loads(line) if line.strip() else {}
+                    if isinstance(record, dict) and isinstance(record.get("text"), str):
+                        yield record["text"]
+            else:
+                yield path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError, json.JSONDecodeError):
+            continue  # binary, unreadable or not a corpus: not text to count
+
+
+def count_tokens(paths: list[Path], tokenizer: Tokenizer | None) -> np.ndarray:
+    """The token ids of ``paths``: a token corpus directory's train stream, else the text tokenized."""
+    if is_token_corpus(paths):
+        return np.asarray(load_stream(paths[0], "train"), dtype=np.int64)
+    if tokenizer is None:
+        raise QuickdraftError("the draft has no tokenizer.json, so text cannot be tokenized for it")
+    files = text_files(paths)
+    chunks = [np.asarray(tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)
+              for text in tqdm(_texts(files), desc="counting", unit="text", mininterval=5)]
+    return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
+
+
+def make_draft_head(draft: str | Path, data: list[Path], *, head_tokens: int | None = None,
+                    out: Path | None = None) -> dict[str, object]:
+    """Count ``data`` with the draft's tokenizer and save the head beside the draft (or in ``out``)."""
+    loaded = load_model(draft)
+    vocab = loaded.config.vocab_size
+    k = head_tokens or default_head_tokens(vocab)
+    if not 1 <= k <= vocab:
+        raise QuickdraftError(f"--head-tokens must be in 1..{vocab} (the draft's vocabulary), got {k}")
+    tokens = count_tokens(data, loaded.tokenizer)
+    if tokens.size < MIN_TOKENS:
+        raise QuickdraftError(f"--data gives {tokens.size} tokens: count at least {MIN_TOKENS:,} for a head "
+                              "ranked by use")
+    head_ids = frequent_tokens(tokens, k, vocab, loaded.eos_token_ids)
+    counts = np.bincount(tokens[tokens < vocab], minlength=vocab)
+    covered = float(counts[head_ids.numpy()].sum() / counts.sum())
+    path = save_draft_head(out or loaded.path, head_ids, vocab,
+                           {"tokens": int(tokens.size), "text": " ".join(map(str, data))})
+    return {"head_file": str(path), "head_tokens": k, "vocab_size": vocab, "counted_tokens": int(tokens.size),
+            "text_covered": round(covered, 4)}
