@@ -13,7 +13,6 @@ from quickdraft.drafters.lookup_then_model import LookupOrModel, LookupThenModel
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.drafters.factory import draft_model_path, names_a_draft_model
 from quickdraft.errors import QuickdraftError
-from quickdraft.model.compiled import CompiledSteps
 from quickdraft.model.loader import load_model
 from quickdraft.sampling import SamplingParams
 
@@ -38,22 +37,6 @@ def test_a_dearer_verify_leans_the_choice_to_the_model() -> None:
         choice.observe(by_lookup=True, drafted=4, accepted=1)  # lookup α 6/11 against the model's prior 3/4
     assert choice.prefers_lookup(4, model_cost=0.15, verify_cost=1.0)
     assert not choice.prefers_lookup(4, model_cost=0.15, verify_cost=1.6)
-
-
-def test_the_lone_drafter_weighs_the_verify_cost_the_engine_measured(checkpoints, monkeypatch) -> None:
-    target = load_model(checkpoints["target"])
-    engine = Engine(target, f"prompt-lookup+{checkpoints['related']}", exact=False)
-    timed = CompiledSteps(target.model, enabled=False, row_buckets=(1, 2, 4))
-    monkeypatch.setattr(engine, "target_steps", timed)
-    assert engine._measured_verify_cost() is None  # nothing timed yet: the rule keeps its default
-    timed.row_seconds = {1: 2.0, 2: 2.4, 4: 3.0}
-    measured = engine._measured_verify_cost()
-    assert measured is not None and measured(3) == 1.5 and measured(1) == 1.2
-    asked: list[int] = []
-    monkeypatch.setattr(engine, "_measured_verify_cost", lambda: lambda k: asked.append(k) or 1.5)
-    monkeypatch.setattr(engine, "target_steps", None)
-    engine.generate([5, 17, 3, 88, 41, 9, 60, 23] * 3, 24, gamma=3)
-    assert asked and set(asked) <= {1, 2, 3}  # every proposal asked (γ 3, fewer at the end)
 
 
 def test_a_shadow_draft_counts_as_the_lookup_step_it_would_have_been() -> None:

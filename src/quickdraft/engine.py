@@ -371,8 +371,7 @@ class Engine:
         sampler = sampler_for(sampling)
         if drafter is not None:
             drafter.begin(prompt_ids, DraftContext(self.model, cache, capacity, self.vocab_limit,
-                                                   plan.largest.width if plan is not None else None, adjuster,
-                                                   self._measured_verify_cost()))
+                                                   plan.largest.width if plan is not None else None, adjuster))
 
         # Prefill every prompt token but the last; the first step feeds the last one together with
         # a draft, so even the first generated token can come from an accepted draft.
@@ -503,11 +502,6 @@ class Engine:
         if steps is None or not steps.row_seconds or gamma + 1 > steps.max_rows:
             return 1.0
         return steps.seconds_for(gamma + 1) / steps.seconds_for(1)
-
-    def _measured_verify_cost(self) -> Callable[[int], float] | None:
-        """``_verify_cost`` where the target's steps have measured it, else None."""
-        steps = self.target_steps
-        return self._verify_cost if steps is not None and steps.row_seconds else None
 
     def _keep_exact_target_steps(self, cache: KVCache) -> None:
         """Exact mode on compiled steps: every row bucket when the probe finds that each row gets the

@@ -461,8 +461,6 @@ class BatchedLookupThenModel(BatchDrafter):
         for r in requests:
             if r.k > 0:
                 choices[r.slot].score_shadow(r.tokens)
-        # A batched verify's cost per sequence is the scheduler's, not a lone step's: the rule keeps
-        # its default verify cost here.
         prefers = {r.slot: choices[r.slot].prefers_lookup(r.k, self.model_cost) for r in requests if r.k > 0}
         lookup_drafts = self.lookup.propose(requests, n_slots)  # drafts where lookup serves, shadows elsewhere
         looked_up = {r.slot: d for r, d in zip(requests, lookup_drafts) if d.tokens and prefers.get(r.slot)}

@@ -48,8 +48,6 @@ class DraftContext:
     # the request's penalties and logit bias (the engine's own adjuster, counting its committed tokens):
     # a model drafter's chains adjust their logits the same way
     adjuster: LogitAdjuster | None = None
-    # a verifying forward of γ drafts over a 1-row target step, where the engine measured it
-    verify_cost: Callable[[int], float] | None = None
 
 
 class Drafter(ABC):

@@ -10,8 +10,7 @@ model's,
 
 with α each drafter's per-token acceptance in this request so far (from a prior: for lookup, what it
 measured in earlier requests with the same sampling settings, when there were any), c the model
-drafter's step cost over the target's and v(k) a k-draft verifying forward's over a 1-row step's (the
-engine's measurement, ``DraftContext.verify_cost``; VERIFY_COST where it has none). Lookup's estimate
+drafter's step cost over the target's and v a verifying forward's over a 1-row step's (VERIFY_COST). Lookup's estimate
 also learns on the model's steps, for free: where the context matched, what lookup would have
 proposed is scored against the tokens the step committed (a shadow draft). Those tokens are the target's own output, greedy or sampled from p, so
 lookup's token matches one exactly when the target would have accepted it (with probability p(token),
@@ -24,7 +23,7 @@ whichever drafter proposed: lossless either way.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 from quickdraft.acceptance_memory import AcceptanceMemory
@@ -37,9 +36,11 @@ LOOKUP_MIN_NGRAM = 2  # a single repeated token is too weak a match to skip the 
 # Priors, as (accepted, rejections) pseudo-counts: α 2/3 for lookup, 3/4 for a model drafter.
 LOOKUP_PRIOR = (2.0, 1.0)
 MODEL_PRIOR = (3.0, 1.0)
-# A verifying forward's cost in 1-row target steps, which both drafters' steps pay, where the engine
-# has not measured it (eager steps): 1.29-1.55 at γ 3-4 on the bench's CPUs (round 30). Counted as 1,
-# a self-draft (c ≈ 0.3) behind lookup handed 9% of its T = 0.8 steps to failing lookups.
+# A verifying forward's cost in 1-row target steps, which both drafters' steps pay: 1.29-1.55 at γ 3-4
+# on the bench's CPUs (round 30). Counted as 1, a self-draft (c ≈ 0.3) behind lookup handed 9% of its
+# T = 0.8 steps to failing lookups. The engine's own v(γ) (``Engine._verify_cost``) was tried in round 31
+# and not kept: timed on an empty cache before the first request (1.02-1.29 at γ 1-4), it is lower than
+# decoding meets, and the rule using it was 4-8% slower at T = 0.8 in three paired runs.
 VERIFY_COST = 1.4
 
 
@@ -118,14 +119,12 @@ class LookupThenModelDrafter(Drafter):
         self.name = f"prompt-lookup+{model.name}"
         self.memory = AcceptanceMemory()
         self.choice: LookupOrModel | None = None  # the request's, made at its first proposal
-        self.verify_cost: Callable[[int], float] | None = None  # the engine's measurement, per request
         self._last: tuple[bool, int] | None = None  # (by lookup, tokens drafted) of the last proposal
 
     def begin(self, prompt_ids: list[int], context: DraftContext) -> None:
         self.lookup.begin(prompt_ids, context)
         self.model.begin(prompt_ids, context)
         self.choice = None
-        self.verify_cost = context.verify_cost
         self._last = None
 
     def propose(self, tokens: list[int], k: int, sampling: SamplingParams, sampler: TokenSampler,
@@ -133,8 +132,7 @@ class LookupThenModelDrafter(Drafter):
         if self.choice is None:
             self.choice = LookupOrModel(self.memory, sampling_kind(sampling))
         self.choice.score_shadow(tokens)
-        verify_cost = self.verify_cost(k) if self.verify_cost is not None else VERIFY_COST
-        use_lookup = self.choice.prefers_lookup(k, self.model.relative_cost_hint, verify_cost)
+        use_lookup = self.choice.prefers_lookup(k, self.model.relative_cost_hint)
         looked_up = self.lookup.propose(tokens, k, sampling, sampler)
         if use_lookup and looked_up.tokens:
             self._last = (True, len(looked_up.tokens))
