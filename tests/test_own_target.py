@@ -281,3 +281,23 @@ def test_text_data_uses_wide_tokens_for_a_large_vocabulary_and_refuses_too_littl
         prepare_token_data([tmp_path / "short.txt"], tokenizer, 0, 96, tmp_path / "short", min_tokens=66)
     with pytest.raises(QuickdraftError, match="no such file"):
         prepare_token_data([tmp_path / "missing"], tokenizer, 0, 96, tmp_path / "missing_out", min_tokens=66)
+
+
+def test_text_data_reads_a_corpus_jsonl_by_record_not_as_json_text(tmp_path: Path) -> None:
+    """`quickdraft train corpus` writes one {"path", "text"} record per line: each record's text is a
+    document, tokenized as written (round 31 found a draft trained on the escaped JSON lines)."""
+    from quickdraft.model.tokenizer import Tokenizer
+    from quickdraft.train.text_data import load_stream
+
+    write_char_tokenizer(tmp_path / "tok")
+    tokenizer = Tokenizer.from_dir(tmp_path / "tok")
+    source = 'def f(x):\n    return "x"\n'
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "train.jsonl").write_text("".join(json.dumps({"path": f"m{i}.py", "text": source * 5}) + "\n"
+                                                for i in range(40)))
+    streams = prepare_token_data([corpus], tokenizer, 0, 96, tmp_path / "out", min_tokens=66)
+    tokens = np.concatenate([load_stream(streams, "train"), load_stream(streams, "val")]).tolist()
+    document = tokenizer.encode(source * 5, add_special_tokens=False) + [0]
+    assert tokens == document * 40  # every record, whole, each ending with EOS; no JSON syntax
+    assert json.loads((streams / "streams.json").read_text())["documents"] == 40

@@ -7,8 +7,6 @@ the count takes seconds: a draft for any target can have one.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,24 +18,9 @@ from quickdraft.model.loader import load_model
 from quickdraft.model.self_draft import default_head_tokens
 from quickdraft.model.tokenizer import Tokenizer
 from quickdraft.train.self_draft import frequent_tokens
-from quickdraft.train.text_data import is_token_corpus, load_stream, text_files
+from quickdraft.train.text_data import documents, is_token_corpus, load_stream, text_files
 
 MIN_TOKENS = 10_000  # fewer counted tokens than this rank most of a head by ties, not by use
-
-
-def _texts(files: list[Path]) -> Iterator[str]:
-    """Each file's text; a .jsonl file's "text" fields (the corpus ``quickdraft train corpus`` writes)."""
-    for path in files:
-        try:
-            if path.suffix == ".jsonl":
-                for line in path.read_text(encoding="utf-8").splitlines():
-                    record = json.loads(line) if line.strip() else {}
-                    if isinstance(record, dict) and isinstance(record.get("text"), str):
-                        yield record["text"]
-            else:
-                yield path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError, json.JSONDecodeError):
-            continue  # binary, unreadable or not a corpus: not text to count
 
 
 def count_tokens(paths: list[Path], tokenizer: Tokenizer | None) -> np.ndarray:
@@ -48,7 +31,7 @@ def count_tokens(paths: list[Path], tokenizer: Tokenizer | None) -> np.ndarray:
         raise QuickdraftError("the draft has no tokenizer.json, so text cannot be tokenized for it")
     files = text_files(paths)
     chunks = [np.asarray(tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)
-              for text in tqdm(_texts(files), desc="counting", unit="text", mininterval=5)]
+              for text in tqdm(documents(files), desc="counting", unit="text", mininterval=5)]
     return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
 
 

@@ -1,7 +1,8 @@
 """A user's text as token streams in the *target's* tokenization, for training drafters of any model.
 
 ``--data`` takes files and directories (read recursively; files that are not UTF-8 text are
-skipped), or one corpus directory that already holds ``train.bin`` / ``val.bin`` (the embedded
+skipped; a ``.jsonl`` file is one document per line's "text" field, as ``quickdraft train corpus``
+writes them), or one corpus directory that already holds ``train.bin`` / ``val.bin`` (the embedded
 pipeline's, tokenized with the embedded tokenizer). Each document is encoded with the target's
 tokenizer and ends with its EOS token; every 20th document goes to validation (the last 5% of the
 tokens when there are fewer than 20). The streams are written once to ``OUT/data`` and reused while
@@ -66,12 +67,20 @@ def text_files(paths: list[Path]) -> list[Path]:
     return files
 
 
-def _documents(files: list[Path]) -> Iterator[str]:
+def documents(files: list[Path]) -> Iterator[str]:
+    """Each file's text; each record's "text" field of a .jsonl file (a corpus of many documents:
+    tokenizing its JSON lines as text would train on escaped quotes and newlines)."""
     for path in files:
         try:
+            if path.suffix == ".jsonl":
+                for line in path.read_text(encoding="utf-8").splitlines():
+                    record = json.loads(line) if line.strip() else None
+                    if isinstance(record, dict) and isinstance(record.get("text"), str) and record["text"].strip():
+                        yield record["text"]
+                continue
             text = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue  # binary or unreadable: not training text
+        except (UnicodeDecodeError, OSError, json.JSONDecodeError):
+            continue  # binary, unreadable or not a corpus: not training text
         if text.strip():
             yield text
 
@@ -79,6 +88,7 @@ def _documents(files: list[Path]) -> Iterator[str]:
 def _fingerprint(files: list[Path], tokenizer: Tokenizer) -> str:
     digest = hashlib.sha256(json.dumps(sorted(tokenizer.vocab.items())[:64]).encode())
     digest.update(str(tokenizer.vocab_size).encode())
+    digest.update(b"documents: .jsonl records")  # streams cut before .jsonl files were read by record differ
     for path in files:
         stat = path.stat()
         digest.update(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
@@ -104,7 +114,7 @@ def prepare_token_data(paths: list[Path], tokenizer: Tokenizer | None, eos_id: i
     train: list[np.ndarray] = []
     val: list[np.ndarray] = []
     n_docs = 0
-    for n_docs, text in enumerate(tqdm(_documents(files), total=len(files), desc="tokenizing", unit="file",
+    for n_docs, text in enumerate(tqdm(documents(files), desc="tokenizing", unit="document",
                                        mininterval=5), start=1):
         ids = tokenizer.encode(text, add_special_tokens=False) + ([eos_id] if eos_id is not None else [])
         (val if n_docs % VAL_EVERY == 0 else train).append(np.asarray(ids, dtype=dtype))
