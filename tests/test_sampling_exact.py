@@ -159,6 +159,25 @@ def fit_p_values(samples: np.ndarray, joint: np.ndarray) -> dict[str, float]:
     return results
 
 
+def multi_layer_samples(engine: Engine, params: SamplingParams, path: str, prompt: list[int] = PROMPT) -> np.ndarray:
+    """N_SAMPLES_MULTI_LAYER samples at γ 3, through the batch scheduler or the single-sequence loop."""
+    if path == "batched":
+        return batched_samples(engine, [(params, 3)], N_SAMPLES_MULTI_LAYER, prompt)[0]
+    return speculative_samples(engine, params, 3, N_SAMPLES_MULTI_LAYER, prompt)
+
+
+HEAD_IDS = [0, 1, 2, 3, 5, 6, 8, 9]  # a subset head's tokens: the drafts below cannot propose 4, 7, 10, 11
+
+
+def assert_fits_beyond_the_head(engine: Engine, target, params: SamplingParams, samples: np.ndarray) -> None:
+    """A drafter over HEAD_IDS only: drafts get accepted, the tokens outside its head still come out
+    (the target's residual or race), and the samples fit the target's distribution."""
+    assert engine.generate(PROMPT, 16, SamplingParams(1.0, seed=0), gamma=3).stats.accepted > 0
+    assert np.isin(samples, [t for t in range(VOCAB) if t not in HEAD_IDS]).any()
+    p_values = fit_p_values(samples, exact_joint(target, params))
+    assert min(p_values.values()) > ALPHA, p_values
+
+
 @pytest.mark.slow
 def test_batched_speculative_sampling_matches_target_distribution_in_every_configuration(bigram_pair):
     target, draft = bigram_pair
@@ -204,10 +223,7 @@ def test_multi_layer_sampling_matches_target_distribution(pair, drafter, prompt,
     params = SamplingParams(1.0, 0, 1.0, rule=rule)
     chosen = {"draft-model": draft, "prompt-lookup+draft-model": LookupThenModelDrafter(DraftModelDrafter(draft))}
     engine = Engine(target, chosen.get(drafter, drafter), exact=False)
-    if path == "batched":
-        samples = batched_samples(engine, [(params, 3)], N_SAMPLES_MULTI_LAYER, prompt)[0]
-    else:
-        samples = speculative_samples(engine, params, 3, N_SAMPLES_MULTI_LAYER, prompt)
+    samples = multi_layer_samples(engine, params, path, prompt)
     assert engine.generate(prompt, 16, SamplingParams(1.0, seed=0), gamma=3).stats.drafted > 0
     p_values = fit_p_values(samples, exact_joint(target, params, prompt))
     assert min(p_values.values()) > ALPHA, p_values
@@ -223,15 +239,9 @@ def test_a_draft_with_a_cut_head_samples_the_target_distribution(pair, rule, tem
     step-by-step draft (truncated) or the native draws (untruncated); batched, from one native call."""
     target, draft = pair
     params = SamplingParams(temperature, top_k, top_p, rule=rule)
-    engine = Engine(target, DraftModelDrafter(draft, head_ids=torch.tensor([0, 1, 2, 3, 5, 6, 8, 9])), exact=False)
-    if path == "batched":
-        samples = batched_samples(engine, [(params, 3)], N_SAMPLES_MULTI_LAYER)[0]
-    else:
-        samples = speculative_samples(engine, params, 3, N_SAMPLES_MULTI_LAYER)
-    assert engine.generate(PROMPT, 16, SamplingParams(1.0, seed=0), gamma=3).stats.accepted > 0
-    assert np.isin(samples, [4, 7, 10, 11]).any()  # tokens the draft cannot propose still come out
-    p_values = fit_p_values(samples, exact_joint(target, params))
-    assert min(p_values.values()) > ALPHA, p_values
+    engine = Engine(target, DraftModelDrafter(draft, head_ids=torch.tensor(HEAD_IDS)), exact=False)
+    samples = multi_layer_samples(engine, params, path)
+    assert_fits_beyond_the_head(engine, target, params, samples)
 
 
 @pytest.fixture(scope="module")
@@ -257,7 +267,7 @@ def test_self_draft_sampling_matches_target_distribution(pair, gpt2_target, arch
     from quickdraft.model.self_draft import SelfDraftModule, SelfDraftShape, save_self_draft
 
     target = pair[0] if arch == "llama" else gpt2_target
-    module = SelfDraftModule.initialised_from(target.model, SelfDraftShape(1, 1, 8), torch.tensor([0, 1, 2, 3, 5, 6, 8, 9]))
+    module = SelfDraftModule.initialised_from(target.model, SelfDraftShape(1, 1, 8), torch.tensor(HEAD_IDS))
     generator = torch.Generator().manual_seed(5)
     with torch.no_grad():
         for p in module.adapters.parameters():
@@ -265,14 +275,8 @@ def test_self_draft_sampling_matches_target_distribution(pair, gpt2_target, arch
     save_self_draft(module, target.config, tmp_path / "self_draft")
     params = SamplingParams(temperature, top_k, top_p, rule=rule)  # truncation over -inf logits too
     engine = Engine(target, f"self:{tmp_path / 'self_draft'}", exact=False)
-    if path == "batched":
-        samples = batched_samples(engine, [(params, 3)], N_SAMPLES_MULTI_LAYER)[0]
-    else:
-        samples = speculative_samples(engine, params, 3, N_SAMPLES_MULTI_LAYER)
-    assert engine.generate(PROMPT, 16, SamplingParams(1.0, seed=0), gamma=3).stats.accepted > 0
-    assert np.isin(samples, [4, 7, 10, 11]).any()  # tokens the draft cannot propose still come out
-    p_values = fit_p_values(samples, exact_joint(target, params))
-    assert min(p_values.values()) > ALPHA, p_values
+    samples = multi_layer_samples(engine, params, path)
+    assert_fits_beyond_the_head(engine, target, params, samples)
 
 
 @pytest.mark.slow
@@ -289,7 +293,7 @@ def test_feature_draft_sampling_matches_target_distribution(pair, gpt2_target, a
 
     target = pair[0] if arch == "llama" else gpt2_target
     module = FeatureDraftModule.initialised_from(target.model, FeatureDraftShape(8, 16),
-                                                 torch.tensor([0, 1, 2, 3, 5, 6, 8, 9]))
+                                                 torch.tensor(HEAD_IDS))
     generator = torch.Generator().manual_seed(6)
     with torch.no_grad():
         for p in module.layers.parameters():
@@ -304,14 +308,9 @@ def test_feature_draft_sampling_matches_target_distribution(pair, gpt2_target, a
         if native is not None:
             one_call = native.draft_batch
             native.draft_batch = lambda *args, **kwargs: calls.append(args) or one_call(*args, **kwargs)
-        samples = batched_samples(engine, [(params, 3)], N_SAMPLES_MULTI_LAYER)[0]
-    else:
-        samples = speculative_samples(engine, params, 3, N_SAMPLES_MULTI_LAYER)
+    samples = multi_layer_samples(engine, params, path)
     assert bool(calls) == (path == "batched" and arch == "llama")  # Llama's batch draws in one native call
-    assert engine.generate(PROMPT, 16, SamplingParams(1.0, seed=0), gamma=3).stats.accepted > 0
-    assert np.isin(samples, [4, 7, 10, 11]).any()
-    p_values = fit_p_values(samples, exact_joint(target, params))
-    assert min(p_values.values()) > ALPHA, p_values
+    assert_fits_beyond_the_head(engine, target, params, samples)
 
 
 def test_chi_square_detects_a_verifier_that_accepts_every_draft(bigram_pair, monkeypatch):
