@@ -99,7 +99,7 @@ def feature_draft_dir(gpt2_target: Path, text_dir: Path, tmp_path_factory: pytes
 def draft_dir(gpt2_target: Path, text_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("draft")
     code = cli_main(["train", "draft", "--target", str(gpt2_target), "--data", str(text_dir), "--out", str(out),
-                     "--max-steps", "60", "--generations", "8", *LOOP_FLAGS])
+                     "--max-steps", "60", "--generations", "8", "--head-tokens", "48", *LOOP_FLAGS])
     assert code == 0
     return out / "final"
 
@@ -218,6 +218,10 @@ def test_a_draft_trained_for_any_target_loads_everywhere_and_keeps_greedy_exact(
     assert draft.config.vocab_size == target.config.vocab_size and draft.n_params < target.n_params / 3
     assert (draft_dir / "tokenizer.json").read_text() == (gpt2_target / "tokenizer.json").read_text()
     engine = Engine(target, draft_dir, exact=True)  # the vocabulary check runs here
+    # it drafts over the 48 tokens most frequent in its training stream (--head-tokens 48)
+    assert engine.drafter.head_tokens == 48  # type: ignore[union-attr]
+    summary = json.loads((draft_dir.parent / "summary.json").read_text())["draft_head"]
+    assert summary["head_tokens"] == 48 and summary["text_covered"] > 0.9
     plain = _greedy_outputs(engine, gamma=0)
     assert _greedy_outputs(engine, gamma=3) == plain
     assert engine.generate(PROMPTS[0], 48, gamma=3).stats.accepted > 0

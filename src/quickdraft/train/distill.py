@@ -28,6 +28,7 @@ from tqdm import tqdm
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.config import ModelConfig
 from quickdraft.model.loader import load_model
+from quickdraft.model.self_draft import default_head_tokens
 from quickdraft.model.transformer import Transformer
 from quickdraft.sampling import SamplingParams, tempered_probabilities
 from quickdraft.train.common import (
@@ -45,6 +46,7 @@ from quickdraft.train.common import (
 from quickdraft.train.copy_augment import CopyAugmentedBatches
 from quickdraft.train.induction import INDUCTION_LR, induction_bootstrap
 from quickdraft.train.shapes import ModelShape
+from quickdraft.train.draft_head import save_counted_head
 from quickdraft.train.text_data import load_stream, prepare_token_data, token_dtype
 
 ACCEPTANCE_TEMPERATURE = 0.8  # the sampling temperature the bench and the demo report
@@ -251,7 +253,8 @@ def train_draft(args: TrainArgs, shape: ModelShape | None, target_dir: str | Pat
                 copy_fraction: float = 0.0, induction_steps: int = 0,
                 data: list[Path] | None = None, shape_overrides: dict[str, int] | None = None,
                 sampled_generations: int = 0, sample_temperature: float = ACCEPTANCE_TEMPERATURE,
-                tv_weight: float = 0.0, tv_temperature: float = ACCEPTANCE_TEMPERATURE) -> dict[str, object]:
+                tv_weight: float = 0.0, tv_temperature: float = ACCEPTANCE_TEMPERATURE,
+                head_tokens: int | None = None) -> dict[str, object]:
     """Distil a draft of ``shape`` (None: ``draft_shape_for`` the target) from the model in
     ``target_dir`` (a directory or hub id), whose tokenizer files the draft is saved with.
 
@@ -276,6 +279,10 @@ def train_draft(args: TrainArgs, shape: ModelShape | None, target_dir: str | Pat
     ``sampled_generations`` more continuations are drawn at ``sample_temperature`` and join the
     greedy ones (the text sampled speculation meets); ``tv_weight`` > 0 adds that weight times the
     total variation distance at ``tv_temperature`` to the loss (module docstring).
+
+    The saved draft drafts over the ``head_tokens`` most frequent tokens of the training stream
+    (model/draft_head.py; None: a quarter of the vocabulary, at least 1,024 tokens; 0, or the whole
+    vocabulary: no head file).
     """
     check_sampled_objective(n_generations, sampled_generations, sample_temperature, tv_weight, tv_temperature)
     set_threads(args.threads)
@@ -327,6 +334,11 @@ def train_draft(args: TrainArgs, shape: ModelShape | None, target_dir: str | Pat
     summary["copy_fraction"] = copy_fraction
     summary.update(bootstrap)
     summary["shape"] = asdict(shape)
+    final_dir = export_dir or args.out_dir / "final"
+    export_model(draft, loaded.path, final_dir)
+    head_tokens = default_head_tokens(config.vocab_size) if head_tokens is None else head_tokens
+    if 0 < head_tokens < config.vocab_size:  # the draft drafts over its most frequent tokens (model/draft_head.py)
+        summary["draft_head"] = save_counted_head(np.asarray(tokens), final_dir, head_tokens, config.vocab_size,
+                                                  loaded.eos_token_ids, f"the training stream {args.data_dir}")
     (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    export_model(draft, loaded.path, export_dir or args.out_dir / "final")
     return summary

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from quickdraft.errors import QuickdraftError
@@ -17,10 +18,20 @@ from quickdraft.model.draft_head import save_draft_head
 from quickdraft.model.loader import load_model
 from quickdraft.model.self_draft import default_head_tokens
 from quickdraft.model.tokenizer import Tokenizer
-from quickdraft.train.self_draft import frequent_tokens
 from quickdraft.train.text_data import documents, is_token_corpus, load_stream, text_files
 
 MIN_TOKENS = 10_000  # fewer counted tokens than this rank most of a head by ties, not by use
+
+
+def frequent_tokens(tokens: np.ndarray, k: int, vocab_limit: int, always: tuple[int, ...]) -> torch.Tensor:
+    """The k most frequent token ids of ``tokens`` below ``vocab_limit`` (ties: the lower id), with
+    ``always`` among them, ascending."""
+    counts = np.bincount(np.asarray(tokens, dtype=np.int64), minlength=vocab_limit)[:vocab_limit].astype(np.float64)
+    for token in always:
+        if 0 <= token < vocab_limit:
+            counts[token] = np.inf
+    order = np.lexsort((np.arange(vocab_limit), -counts))  # by count descending, then id ascending
+    return torch.from_numpy(np.sort(order[:k])).to(torch.long)
 
 
 def count_tokens(paths: list[Path], tokenizer: Tokenizer | None) -> np.ndarray:
@@ -47,10 +58,16 @@ def make_draft_head(draft: str | Path, data: list[Path], *, head_tokens: int | N
     if tokens.size < MIN_TOKENS:
         raise QuickdraftError(f"--data gives {tokens.size} tokens: count at least {MIN_TOKENS:,} for a head "
                               "ranked by use")
-    head_ids = frequent_tokens(tokens, k, vocab, loaded.eos_token_ids)
+    return save_counted_head(tokens, out or loaded.path, k, vocab, loaded.eos_token_ids, " ".join(map(str, data)))
+
+
+def save_counted_head(tokens: np.ndarray, directory: Path, k: int, vocab: int, always: tuple[int, ...],
+                      text: str) -> dict[str, object]:
+    """Save the ``k`` most frequent of ``tokens`` (with ``always`` among them) as ``directory``'s head."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    head_ids = frequent_tokens(tokens, k, vocab, always)
     counts = np.bincount(tokens[tokens < vocab], minlength=vocab)
-    covered = float(counts[head_ids.numpy()].sum() / counts.sum())
-    path = save_draft_head(out or loaded.path, head_ids, vocab,
-                           {"tokens": int(tokens.size), "text": " ".join(map(str, data))})
+    covered = float(counts[head_ids.numpy()].sum() / max(1, counts.sum()))
+    path = save_draft_head(directory, head_ids, vocab, {"tokens": int(tokens.size), "text": text})
     return {"head_file": str(path), "head_tokens": k, "vocab_size": vocab, "counted_tokens": int(tokens.size),
             "text_covered": round(covered, 4)}

@@ -39,6 +39,7 @@ from quickdraft.train.distill import (
     check_sampled_objective,
     generation_sets,
 )
+from quickdraft.train.draft_head import frequent_tokens
 from quickdraft.train.text_data import load_stream, prepare_token_data
 
 log = logging.getLogger(__name__)
@@ -52,17 +53,6 @@ def default_exit_layer(n_layer: int) -> int:
     weights and exit layer 1 with one adapter beat exit layer 2 with or without one (BENCHMARKS.md,
     "Self-draft shapes")."""
     return max(1, min(n_layer - 1, round(n_layer / 16)))
-
-
-def frequent_tokens(tokens: np.ndarray, k: int, vocab_limit: int, always: tuple[int, ...]) -> torch.Tensor:
-    """The k most frequent token ids of ``tokens`` below ``vocab_limit`` (ties: the lower id), with
-    ``always`` among them, ascending."""
-    counts = np.bincount(np.asarray(tokens, dtype=np.int64), minlength=vocab_limit)[:vocab_limit].astype(np.float64)
-    for token in always:
-        if 0 <= token < vocab_limit:
-            counts[token] = np.inf
-    order = np.lexsort((np.arange(vocab_limit), -counts))  # by count descending, then id ascending
-    return torch.from_numpy(np.sort(order[:k])).to(torch.long)
 
 
 def _target_pass(target: Transformer, inputs: torch.Tensor, exit_layer: int) -> tuple[torch.Tensor, torch.Tensor]:
