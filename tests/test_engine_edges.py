@@ -201,6 +201,27 @@ def test_auto_gamma_decodes_plainly_when_no_draft_pays_and_drafts_now_and_then_t
     assert GammaController(3, 8, 0.5, lambda gamma: 10.0).next_gamma() == 3  # a fixed γ is never overruled
 
 
+def test_one_slow_draft_step_cannot_talk_auto_gamma_into_plain_decoding():
+    """A draft step timed at 50x its usual cost (a page fault, another process) counts as COST_OUTLIER x
+    the estimate: auto γ keeps drafting, where the raw figure (c 0.1 -> 1.08) would have stopped it
+    and plain decoding re-measures c only once every PROBE_EVERY steps; a cost that really rose is
+    still followed, a few steps later."""
+    from quickdraft.engine import COST_OUTLIER, GammaController
+
+    controller = GammaController("auto", 8, cost_hint=0.1, verify_cost=lambda gamma: 1.2)
+    controller.accepts, controller.rejects = 6.0, 4.0  # α = 0.6
+    assert controller.next_gamma() >= 1
+    controller.observe(3, 2, drafter_seconds_per_call=0.005, target_seconds=0.0012)  # c measured 5.0
+    assert controller.cost == pytest.approx(0.8 * 0.1 + 0.2 * COST_OUTLIER * 0.1)
+    controller.accepts, controller.rejects = 6.0, 4.0
+    assert controller.next_gamma() >= 1
+    for _ in range(12):  # the draft really became as slow as a target step: followed, capped per step
+        controller.observe(3, 2, drafter_seconds_per_call=0.001, target_seconds=0.0012)
+    assert controller.cost > 0.9
+    controller.accepts, controller.rejects = 6.0, 4.0
+    assert controller.next_gamma() == 0
+
+
 def test_a_request_starts_from_what_earlier_requests_of_its_kind_measured(text_pair):
     """The engine remembers acceptance and draft cost per kind of request (greedy, coupled, rejection
     rule); a new request's controller starts from them instead of the fixed prior. Only γ follows:

@@ -43,6 +43,21 @@ CACHE_ROUNDING = 64
 
 # Steps decoded plainly, while auto γ expects no γ to pay, between two drafts that refresh α and c.
 PROBE_EVERY = 16
+COST_DECAY = 0.8
+# A cost measurement counts at most this many times the running estimate: one slow step (a page
+# fault, another process) once measured a draft step at 7 ms against 0.2, and the batch's goodput,
+# planning with it, stopped drafting - so nothing re-measured it (1 client: 0.65x of the lone engine).
+# The lone engine's auto γ is capped alike: a c raised by one step is remembered for the next requests
+# of its kind, and plain decoding re-measures it only once every PROBE_EVERY steps.
+COST_OUTLIER = 3.0
+
+
+def decayed(estimate: float | None, measured: float) -> float:
+    """A running cost estimate updated with a new measurement (the first one sets it), an
+    outlier counting as COST_OUTLIER times the estimate."""
+    if estimate is None or estimate <= 0:
+        return measured
+    return COST_DECAY * estimate + (1 - COST_DECAY) * min(measured, COST_OUTLIER * estimate)
 
 
 class GammaController:
@@ -95,7 +110,7 @@ class GammaController:
                 self.memory.count(self.kind, accepted, accepted < drafted)
         if drafter_seconds_per_call is not None and target_seconds:
             measured = drafter_seconds_per_call / (target_seconds / self.verify_cost(drafted))
-            self.cost = 0.8 * self.cost + 0.2 * measured
+            self.cost = decayed(self.cost, measured)
             if self.memory is not None:
                 self.memory.costs[self.kind] = self.cost
 

@@ -43,7 +43,8 @@ from quickdraft.batch.prefill import PrefillChunk, grouping, prefill
 from quickdraft.batch.shapes import (MIN_WINDOW, all_shapes, invariant_shapes, row_bucket, slot_bucket, step_inputs,
                                      window_bucket)
 from quickdraft.drafters.base import Draft
-from quickdraft.engine import PROBE_EVERY, AcceptanceMemory, Engine, GammaController, request_kind
+from quickdraft.engine import (COST_OUTLIER, PROBE_EVERY, AcceptanceMemory, Engine, GammaController, decayed,
+                               request_kind)
 from quickdraft.errors import QuickdraftError
 from quickdraft.measured_arms import MeasuredArms
 from quickdraft.output import RequestOutput, StreamEvent
@@ -61,11 +62,6 @@ DEFAULT_PREFILL_CHUNK = 512
 MIN_ALPHA = 0.15
 MIN_EVIDENCE = 12
 RETRY_EVERY = 16
-COST_DECAY = 0.8
-# A cost measurement counts at most this many times the running estimate: one slow step (a page
-# fault, another process) once measured a draft step at 7 ms against 0.2, and goodput, planning
-# with it, stopped drafting - so nothing re-measured it (1 client: 0.65x of the lone engine).
-COST_OUTLIER = 3.0
 MAX_PROBE_BACKOFF = 16
 # Only a drafting γ that goodput predicts within this fraction of plain's rate is probed: farther off,
 # estimates capped at COST_OUTLIER x cannot be what hides a gain (32 sequences: probes cost 1.6%).
@@ -106,14 +102,6 @@ class BatchRequest:
     def alpha(self) -> float:
         c = self.controller
         return c.accepts / (c.accepts + c.rejects)
-
-
-def decayed(estimate: float | None, measured: float) -> float:
-    """A running cost estimate updated with a new measurement (the first one sets it), an
-    outlier counting as COST_OUTLIER times the estimate."""
-    if estimate is None:
-        return measured
-    return COST_DECAY * estimate + (1 - COST_DECAY) * min(measured, COST_OUTLIER * estimate)
 
 
 def weighs_draft(request: BatchRequest) -> bool:
