@@ -57,10 +57,14 @@ def rotated_rounds(units: Sequence[object], arms: Sequence[str], run: Callable[[
                    rounds: int) -> list[dict[str, ArmTotals]]:
     """Each round, every arm on every unit (a prompt or a group of them), the arms' order rotated by
     round and unit so that the machine's drift falls on all alike; ``run(unit, arm)`` returns (tokens,
-    accepted, drafted). One warm-up run of each arm on the first unit comes first. Per round, each
-    arm's totals; each round is printed as it ends."""
+    accepted, drafted). Warm-up runs of each arm on the first unit and on the longest come first (a
+    longer prompt can need another cache-capacity bucket, whose compiled steps would otherwise be
+    built inside round 1). Per round, each arm's totals; each round is printed as it ends."""
+    longest = max(units, key=lambda unit: len(unit) if hasattr(unit, "__len__") else 0)  # type: ignore[arg-type]
     for arm in arms:  # warm-up: compiled steps, caches, the controllers' first estimates
         run(units[0], arm)
+        if longest is not units[0]:
+            run(longest, arm)
     totals = []
     for r in range(rounds):
         this_round = {arm: ArmTotals() for arm in arms}
