@@ -11,7 +11,8 @@ from quickdraft import Engine, SamplingParams
 import quickdraft.batch.prefill as prefill_module
 from quickdraft.batch.drafters import DraftRequest, batch_drafter
 from quickdraft.batch.prefill import PrefillChunk, prefill_groups
-from quickdraft.batch.scheduler import COST_OUTLIER, BatchScheduler, decayed
+from quickdraft.batch.scheduler import BatchScheduler
+from quickdraft.engine import COST_OUTLIER, decayed
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.lookup_then_model import LookupThenModelDrafter
 from quickdraft.engine import PROBE_EVERY

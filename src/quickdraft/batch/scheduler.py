@@ -43,8 +43,7 @@ from quickdraft.batch.prefill import PrefillChunk, grouping, prefill
 from quickdraft.batch.shapes import (MIN_WINDOW, all_shapes, invariant_shapes, row_bucket, slot_bucket, step_inputs,
                                      window_bucket)
 from quickdraft.drafters.base import Draft
-from quickdraft.engine import (COST_OUTLIER, PROBE_EVERY, AcceptanceMemory, Engine, GammaController, decayed,
-                               request_kind)
+from quickdraft.engine import PROBE_EVERY, AcceptanceMemory, Engine, GammaController, decayed, request_kind
 from quickdraft.errors import QuickdraftError
 from quickdraft.measured_arms import MeasuredArms
 from quickdraft.output import RequestOutput, StreamEvent

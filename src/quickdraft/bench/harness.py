@@ -35,14 +35,13 @@ import torch
 from quickdraft import kernels
 from quickdraft.bench.llama_cpp import DRAFT_MAX, LlamaCpp, LlamaCppRun, same_output, token_bytes
 from quickdraft.drafters.base import Draft, DraftContext, Drafter
-from quickdraft.drafters.factory import make_drafter
+from quickdraft.drafters.factory import draft_head_ids, make_drafter
 from quickdraft.drafters.lookup_then_model import LookupThenModelDrafter
 from quickdraft.engine import Engine, engine_max_gamma, expected_speedup
 from quickdraft.drafters.trees import AUTO_TREE_BUDGETS, TreeShape
 from quickdraft.tree import TokenTree
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.compiled import static_capacity
-from quickdraft.model.draft_head import load_draft_head
 from quickdraft.model.loader import LoadedModel, default_draft_dtype, dtype_name, load_model, parse_dtype
 from quickdraft.sampling import SamplingParams
 
@@ -307,6 +306,10 @@ def has_self_draft(spec: str, target: LoadedModel) -> bool:
 
 
 # ---- the benchmark --------------------------------------------------------------------------
+def _head_tokens(head_ids: torch.Tensor | None) -> int | None:
+    return None if head_ids is None else len(head_ids)
+
+
 class Bench:
     def __init__(self, settings: BenchSettings, progress: bool = True) -> None:
         self.settings = settings
@@ -502,13 +505,6 @@ class Bench:
         finally:
             torch.set_num_threads(threads)
 
-    def _draft_head_tokens(self, draft: LoadedModel) -> int | None:
-        """The tokens the draft model drafts over where its head is cut (model/draft_head.py), else None."""
-        if self.settings.full_draft_head:
-            return None
-        head_ids = load_draft_head(draft.path, draft.config.vocab_size)
-        return None if head_ids is None else len(head_ids)
-
     def _run(self) -> dict[str, Any]:
         s = self.settings
         if s.clock not in CLOCKS:
@@ -599,7 +595,7 @@ class Bench:
             "draft": None if draft is None else {"path": str(draft.path), "parameters": draft.n_params,
                                                  "layers": draft.config.n_layer, "hidden_size": draft.config.n_embd,
                                                  "vocab_size": draft.config.vocab_size,
-                                                 "head_tokens": self._draft_head_tokens(draft)},
+                                                 "head_tokens": _head_tokens(draft_head_ids(draft, s.full_draft_head))},
             "baseline": BASELINE,
             "headline": headline,
             "results": rows,

@@ -157,7 +157,6 @@ class DraftModelDrafter(Drafter):
         """``head_ids``: draft over these tokens only (model/draft_head.py), else over the whole vocabulary."""
         self.draft = draft
         self.model = draft.model if head_ids is None else with_subset_head(draft.model, head_ids)
-        self.head_tokens = len(head_ids) if head_ids is not None else None
         self.model.pack_products()
         self.steps = CompiledSteps.shared(draft.model, (1, 2)) if compile else CompiledSteps(draft.model, enabled=False)
         self.cache: KVCache | None = None
@@ -292,6 +291,11 @@ class DraftModelDrafter(Drafter):
             slots.append(slot)
         self.cache.compact(slots, self._base)
         self.cache.length = self._base + len(slots)
+
+    @property
+    def head_tokens(self) -> int | None:
+        """The tokens this drafter drafts over where its head covers a subset of the vocabulary, else None."""
+        return None if self.model.head_ids is None else len(self.model.head_ids)
 
     @property
     def relative_cost_hint(self) -> float:

@@ -109,9 +109,14 @@ def make_drafter(
     return _draft_model(load_model(spec, dtype=dtype, device=device), target, compile=compile, full_head=full_draft_head)
 
 
+def draft_head_ids(draft: LoadedModel, full_head: bool = False) -> torch.Tensor | None:
+    """The tokens a draft model drafts over: its saved head's (model/draft_head.py), or None, the whole
+    vocabulary (no head saved, or ``full_head``)."""
+    return None if full_head else load_draft_head(draft.path, draft.config.vocab_size)
+
+
 def _draft_model(draft: LoadedModel, target: LoadedModel, *, compile: bool, full_head: bool) -> DraftModelDrafter:
-    head_ids = None if full_head else load_draft_head(draft.path, draft.config.vocab_size)
-    drafter = DraftModelDrafter(draft, compile=compile, head_ids=head_ids)
+    drafter = DraftModelDrafter(draft, compile=compile, head_ids=draft_head_ids(draft, full_head))
     drafter.check_compatible(target)
     return drafter
 

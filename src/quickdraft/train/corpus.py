@@ -60,9 +60,11 @@ def _read(path: Path) -> str | None:
 
 
 def iter_documents(path: Path) -> Iterator[dict[str, str]]:
+    """The records of a corpus .jsonl file, one per non-blank line."""
     with path.open(encoding="utf-8") as handle:
         for line in handle:
-            yield json.loads(line)
+            if line.strip():
+                yield json.loads(line)
 
 
 def build_corpus(out_dir: Path, root: Path | None = None, *, limit_files: int | None = None,

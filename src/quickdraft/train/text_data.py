@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.tokenizer import Tokenizer
+from quickdraft.train.corpus import iter_documents
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,7 @@ def documents(files: list[Path]) -> Iterator[str]:
     for path in files:
         try:
             if path.suffix == ".jsonl":
-                for line in path.read_text(encoding="utf-8").splitlines():
-                    record = json.loads(line) if line.strip() else None
+                for record in iter_documents(path):
                     if isinstance(record, dict) and isinstance(record.get("text"), str) and record["text"].strip():
                         yield record["text"]
                 continue
