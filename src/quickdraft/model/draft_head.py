@@ -17,7 +17,6 @@ On disk, beside the draft's weights (``quickdraft train draft-head``; used unles
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import torch
 from torch import nn
 
 from quickdraft.errors import ModelFormatError, QuickdraftError
-from quickdraft.model.transformer import Transformer
+from quickdraft.model.transformer import Transformer, shallow_copy
 
 FORMAT = "quickdraft-draft-head"
 VERSION = 1
@@ -78,14 +77,7 @@ def with_subset_head(model: Transformer, head_ids: torch.Tensor) -> Transformer:
     if model.head_ids is not None:
         raise QuickdraftError("this model's head already covers a subset of the vocabulary")
     ids = head_ids.to(torch.long)
-    # A shallow copy with registries of its own (no new Transformer: building one, even on the meta
-    # device, imports torch's compiler, ~0.8 s of a `quickdraft generate`); the caches built from
-    # the head or the weights start empty.
-    restricted = copy.copy(model)
-    restricted._modules = dict(model._modules)  # type: ignore[assignment]
-    restricted._parameters = dict(model._parameters)  # type: ignore[assignment]
-    restricted._buffers = dict(model._buffers)  # type: ignore[assignment]
-    restricted.native, restricted._lm_head_t = None, None
+    restricted = shallow_copy(model)
     weight = model.lm_head.weight.detach()
     head = nn.Linear(weight.shape[1], len(ids), bias=False, device=weight.device, dtype=weight.dtype)
     head.weight = nn.Parameter(weight[ids.to(weight.device)].clone(), requires_grad=False)

@@ -50,7 +50,7 @@ from quickdraft.errors import ModelFormatError, QuickdraftError
 from quickdraft.model.config import ModelConfig
 from quickdraft.model.loader import LoadedModel
 from quickdraft.model.self_draft import SelfDraftModule
-from quickdraft.model.transformer import Block, Transformer
+from quickdraft.model.transformer import Block, Transformer, shallow_copy
 
 FORMAT = "quickdraft-feature-draft"
 FEEDBACKS = ("predicted", "latest")
@@ -171,8 +171,8 @@ def compose(target: Transformer, module: FeatureDraftModule) -> Transformer:
     head, and ``fuse_feature`` for the feature inputs. Only its KV cache is its own."""
     if module.config.n_embd != target.config.n_embd or module.lm_head.weight.dtype != target.dtype:
         raise QuickdraftError("the feature draft was built for another target or dtype")
-    with torch.device("meta"):
-        model = Transformer(module.config)
+    model = shallow_copy(target)
+    model.config = module.config
     table = target.embed.weight
     if table.numel() * table.element_size() <= FOLDED_TABLE_LIMIT_BYTES:
         with torch.no_grad():
@@ -192,7 +192,6 @@ def compose(target: Transformer, module: FeatureDraftModule) -> Transformer:
         model.fuse_feature.weight = nn.Parameter(
             (module.fuse_feature.weight * module.feature_scale.to(module.fuse_feature.weight.dtype)).to(target.dtype),
             requires_grad=False)
-    model.inv_freq = target.inv_freq
     model.head_ids = module.head_ids
     return model.eval()
 

@@ -37,7 +37,7 @@ from torch import nn
 from quickdraft.errors import ModelFormatError, QuickdraftError
 from quickdraft.model.config import ModelConfig
 from quickdraft.model.loader import LoadedModel
-from quickdraft.model.transformer import Block, Transformer
+from quickdraft.model.transformer import Block, Transformer, shallow_copy
 
 FORMAT = "quickdraft-self-draft"
 VERSION = 1
@@ -108,12 +108,10 @@ def compose(target: Transformer, module: SelfDraftModule) -> Transformer:
     layers, norm and subset head. Shares every tensor; only its KV cache is its own."""
     if module.config.n_embd != target.config.n_embd or module.lm_head.weight.dtype != target.dtype:
         raise QuickdraftError("the self-draft module was built for another target or dtype")
-    with torch.device("meta"):
-        model = Transformer(module.config)
-    model.embed, model.pos_embed = target.embed, target.pos_embed
+    model = shallow_copy(target)
+    model.config = module.config
     model.layers = nn.ModuleList([*target.layers[: module.shape.exit_layer], *module.adapters])
     model.norm, model.lm_head = module.norm, module.lm_head
-    model.inv_freq = target.inv_freq
     model.head_ids = module.head_ids
     return model.eval()
 

@@ -7,6 +7,8 @@ the final norm and LM head (self-speculation).
 
 from __future__ import annotations
 
+import copy
+
 import logging
 import math
 from collections.abc import Callable
@@ -297,6 +299,19 @@ def keep_features(features: torch.Tensor, slots: slice | torch.Tensor, hidden: t
     else:
         rows = torch.arange(hidden.shape[0], device=slots.device)[:, None]
         features[rows, slots] = hidden
+
+
+def shallow_copy(model: Transformer) -> Transformer:
+    """A Transformer sharing every module, parameter and buffer of ``model``, with registries of its
+    own, so that the copy's modules can be replaced without touching ``model``; the caches built from
+    its weights (native forwards, the transposed head) start empty. No new Transformer is built: even
+    on the meta device, building one imports torch's compiler (~0.8 s of a `quickdraft generate`)."""
+    copied = copy.copy(model)
+    copied._modules = dict(model._modules)  # type: ignore[assignment]
+    copied._parameters = dict(model._parameters)  # type: ignore[assignment]
+    copied._buffers = dict(model._buffers)  # type: ignore[assignment]
+    copied.native, copied._lm_head_t = None, None
+    return copied
 
 
 class Transformer(nn.Module):
