@@ -112,3 +112,43 @@ def test_acceptance_over_a_head_is_the_overlap_of_p_and_q_at_the_temperature_ove
     # q the target's own distribution, renormalised on a head holding every token: nothing is rejected
     everything = torch.arange(10)
     assert torch.allclose(acceptance_at(p_log, p_log, 0.8, everything), torch.ones(5), atol=1e-5)
+
+
+def test_the_head_loss_trains_q_over_the_cut_head_and_raises_its_acceptance() -> None:
+    """--head-loss: q over the head's tokens only, its cross-entropy against p's mass on them, the TV
+    term over the head (as the draft drafts with model/draft_head.py's cut head)."""
+    target, draft = tiny(TARGET, 1), tiny(DRAFT, 2)
+    batch = torch.randint(1, VOCAB, (4, 33), generator=torch.Generator().manual_seed(3))
+    head = torch.arange(0, VOCAB, 2)  # half the vocabulary
+    loss, metrics = distill_loss(draft, target, batch, tv_weight=0.5, tv_temperature=0.8, head_ids=head)
+    with torch.no_grad():
+        p_log = torch.log_softmax(target(batch[:, :-1]).float(), -1)
+        q_log = torch.log_softmax(draft(batch[:, :-1])[..., head], -1)
+        ce = float(-(p_log.exp()[..., head] * q_log).sum(-1).mean())
+        rejected = 1 - float(acceptance_at(p_log, draft(batch[:, :-1])[..., head], 0.8, head).mean())
+    assert metrics["head_ce"] == pytest.approx(ce, rel=1e-5) and metrics["tv"] == pytest.approx(rejected, rel=1e-5)
+    assert float(loss.detach()) == pytest.approx(ce + 0.5 * rejected, rel=1e-5)
+    assert "kl" not in metrics and "ce" not in metrics
+    # the logits of tokens outside the head get no gradient from it
+    logits = draft(batch[:, :-1]).detach().requires_grad_(True)
+    outside = torch.ones(VOCAB, dtype=torch.bool)
+    outside[head] = False
+    subset_ce = -(p_log.exp()[..., head] * torch.log_softmax(logits[..., head], -1)).sum(-1).mean()
+    subset_ce.backward()
+    assert logits.grad is not None and float(logits.grad[..., outside].abs().max()) == 0.0
+
+    def head_acceptance() -> float:
+        with torch.no_grad():
+            return float(acceptance_at(target(batch[:, :-1]), draft(batch[:, :-1])[..., head], 0.8, head).mean())
+
+    before = head_acceptance()
+    optimizer = torch.optim.Adam(draft.parameters(), lr=1e-2)
+    for _ in range(30):
+        step_loss = distill_loss(draft, target, batch, tv_weight=1000.0, tv_temperature=0.8, head_ids=head)[0]
+        optimizer.zero_grad()
+        step_loss.backward()
+        optimizer.step()
+    after = head_acceptance()
+    with torch.no_grad():  # the most a head can be accepted: p's mass on its tokens
+        ceiling = float(torch.softmax(target(batch[:, :-1]) / 0.8, -1)[..., head].sum(-1).mean())
+    assert before + 0.05 < after <= ceiling + 1e-6, (before, after, ceiling)

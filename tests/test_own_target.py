@@ -227,6 +227,28 @@ def test_a_draft_trained_for_any_target_loads_everywhere_and_keeps_greedy_exact(
     assert engine.generate(PROMPTS[0], 48, gamma=3).stats.accepted > 0
 
 
+def test_a_draft_trains_on_over_its_cut_head_and_keeps_that_head(gpt2_target: Path, text_dir: Path, draft_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    """--head-loss fine-tunes a draft as it drafts: over the head it came with (kept, not recounted),
+    and the result keeps greedy output exact."""
+    out = tmp_path / "head_loss"
+    code = cli_main(["train", "draft", "--target", str(gpt2_target), "--data", str(text_dir), "--out", str(out),
+                     "--init-from", str(draft_dir), "--head-tokens", "48", "--head-loss", "--max-steps", "20",
+                     "--generations", "8", *LOOP_FLAGS])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    history = json.loads((out / "history.json").read_text())
+    assert summary["head_loss"] is True and "head_ce" in history[0] and "kl" not in history[0]
+    assert json.loads((out / "final" / "draft_head.json").read_text())["head_ids"] == \
+        json.loads((draft_dir / "draft_head.json").read_text())["head_ids"]
+    engine = Engine(gpt2_target, out / "final", exact=True)
+    assert _greedy_outputs(engine, gamma=3) == _greedy_outputs(engine, gamma=0)
+    refused = cli_main(["train", "draft", "--target", str(gpt2_target), "--data", str(text_dir),
+                        "--out", str(tmp_path / "refused"), "--head-tokens", "0", "--head-loss", "--max-steps", "2",
+                        "--generations", "8", *LOOP_FLAGS])
+    assert refused != 0
+
+
 def test_self_draft_of_another_target_is_refused_with_a_clear_error(self_draft_dir: Path, tmp_path: Path) -> None:
     other = load_model(make_hf_checkpoint("gpt2", tmp_path / "other", num_hidden_layers=4, hidden_size=32))
     with pytest.raises(QuickdraftError, match="trained for another target"):

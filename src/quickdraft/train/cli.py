@@ -130,7 +130,8 @@ def _cmd_draft(ns: argparse.Namespace) -> int:
                           copy_fraction=ns.copy_fraction, induction_steps=ns.induction_steps, data=data,
                           shape_overrides=overrides, sampled_generations=ns.sampled_generations,
                           sample_temperature=ns.sample_temperature, tv_weight=ns.tv_weight,
-                          tv_temperature=ns.tv_temperature, head_tokens=ns.head_tokens)
+                          tv_temperature=ns.tv_temperature, head_tokens=ns.head_tokens,
+                          head_loss=ns.head_loss)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -304,6 +305,9 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--head-tokens", type=int, default=None,
                    help="the saved draft drafts over this many of its most frequent tokens (OUT/final/draft_head.json; "
                    "default: a quarter of the vocabulary, >= 1,024; 0: over the whole vocabulary)")
+    p.add_argument("--head-loss", action="store_true",
+                   help="train q over that head, as the draft drafts (the --init-from draft's head when it has one "
+                   "of that size, else the stream's most frequent tokens); default: over the whole vocabulary")
     p.add_argument("--regenerate", action="store_true", help="discard OUT/generations*.npy and generate anew "
                    "(after --resume against a newer target)")
     p.add_argument("--init-from", type=Path, default=None, metavar="DIR",

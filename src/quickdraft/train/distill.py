@@ -46,7 +46,8 @@ from quickdraft.train.common import (
 from quickdraft.train.copy_augment import CopyAugmentedBatches
 from quickdraft.train.induction import INDUCTION_LR, induction_bootstrap
 from quickdraft.train.shapes import ModelShape
-from quickdraft.train.draft_head import save_counted_head
+from quickdraft.model.draft_head import load_draft_head, save_draft_head
+from quickdraft.train.draft_head import frequent_tokens, save_counted_head
 from quickdraft.train.text_data import load_stream, prepare_token_data, token_dtype
 
 ACCEPTANCE_TEMPERATURE = 0.8  # the sampling temperature the bench and the demo report
@@ -180,30 +181,45 @@ def generation_sets(out_dir: Path, target: Transformer, tokens: np.ndarray, n_ge
 
 
 def distill_loss(draft: Transformer, target: Transformer, batch: torch.Tensor, *, tv_weight: float = 0.0,
-                 tv_temperature: float = ACCEPTANCE_TEMPERATURE) -> tuple[torch.Tensor, dict[str, float]]:
+                 tv_temperature: float = ACCEPTANCE_TEMPERATURE,
+                 head_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """KL(p || q) (+ ``tv_weight`` x the rejection rate at ``tv_temperature``). With ``head_ids``
+    the draft is trained as it drafts with a cut head (model/draft_head.py): q over those tokens
+    only, the KL then the cross-entropy of that q against p's mass on them (self_draft.py's loss)."""
     inputs = batch[:, :-1]
     with torch.no_grad():
         p_logits = target(inputs).float()  # [batch, T, vocab]
         p_log = F.log_softmax(p_logits, dim=-1)
     q_logits = draft(inputs)
+    if head_ids is not None:
+        q_logits = q_logits[..., head_ids]
     q_log = F.log_softmax(q_logits, dim=-1)
-    kl = F.kl_div(q_log.flatten(0, 1), p_log.flatten(0, 1), log_target=True, reduction="batchmean")
-    loss = kl
-    metrics = {"kl": float(kl.detach())}
+    if head_ids is None:
+        divergence = F.kl_div(q_log.flatten(0, 1), p_log.flatten(0, 1), log_target=True, reduction="batchmean")
+        metrics = {"kl": float(divergence.detach())}
+    else:
+        divergence = -(p_log.exp()[..., head_ids] * q_log).sum(-1).mean()
+        metrics = {"head_ce": float(divergence.detach())}
+    loss = divergence
     if tv_weight > 0:
-        rejected = 1.0 - acceptance_at(p_logits, q_logits, tv_temperature).mean()
-        loss = kl + tv_weight * rejected
+        rejected = 1.0 - acceptance_at(p_logits, q_logits, tv_temperature, head_ids).mean()
+        loss = divergence + tv_weight * rejected
         metrics["tv"] = float(rejected.detach())
     with torch.no_grad():
-        agree = (q_log.argmax(-1) == p_log.argmax(-1)).float().mean()
-        ce = F.nll_loss(q_log.flatten(0, 1), batch[:, 1:].flatten())
-    return loss, {"loss": float(loss.detach()), **metrics, "agree": float(agree), "ce": float(ce)}
+        drafted = q_log.argmax(-1) if head_ids is None else head_ids[q_log.argmax(-1)]
+        agree = (drafted == p_log.argmax(-1)).float().mean()
+        metrics["agree"] = float(agree)
+        if head_ids is None:
+            metrics["ce"] = float(F.nll_loss(q_log.flatten(0, 1), batch[:, 1:].flatten()))
+    return loss, {"loss": float(loss.detach()), **metrics}
 
 
 @torch.no_grad()
-def evaluate_draft(draft: Transformer, target: Transformer, batches: list[torch.Tensor]) -> dict[str, float]:
+def evaluate_draft(draft: Transformer, target: Transformer, batches: list[torch.Tensor],
+                   head_ids: torch.Tensor | None = None) -> dict[str, float]:
     """Cross-entropy on the text, KL to the target, top-1 agreement with it, and ``accept_t0.8``: the
-    mean chance that a token the draft samples at T = 0.8 is accepted (teacher-forced, held-out text)."""
+    mean chance that a token the draft samples at T = 0.8 is accepted (teacher-forced, held-out text).
+    With ``head_ids`` the last two are the cut head's (q over those tokens, as it drafts)."""
     draft.eval()
     kl_sum = ce_sum = agree_sum = accept_sum = 0.0
     count = 0
@@ -215,11 +231,24 @@ def evaluate_draft(draft: Transformer, target: Transformer, batches: list[torch.
         q_log = F.log_softmax(q_logits, dim=-1)
         kl_sum += float(F.kl_div(q_log.flatten(0, 1), p_log.flatten(0, 1), log_target=True, reduction="sum"))
         ce_sum += float(F.nll_loss(q_log.flatten(0, 1), labels.flatten(), reduction="sum"))
-        agree_sum += float((q_log.argmax(-1) == p_log.argmax(-1)).sum())
-        accept_sum += float(acceptance_at(p_logits, q_logits, ACCEPTANCE_TEMPERATURE).sum())
+        head_logits = q_logits if head_ids is None else q_logits[..., head_ids]
+        drafted = head_logits.argmax(-1) if head_ids is None else head_ids[head_logits.argmax(-1)]
+        agree_sum += float((drafted == p_log.argmax(-1)).sum())
+        accept_sum += float(acceptance_at(p_logits, head_logits, ACCEPTANCE_TEMPERATURE, head_ids).sum())
         count += labels.numel()
     return {"loss": ce_sum / count, "kl": kl_sum / count, "agree": agree_sum / count,
             f"accept_t{ACCEPTANCE_TEMPERATURE:g}": accept_sum / count}
+
+
+def training_head(init_from: Path | None, tokens: np.ndarray, head_tokens: int, vocab_size: int,
+                  always: tuple[int, ...]) -> torch.Tensor:
+    """The head a draft trains for: ``init_from``'s head file when it has one of ``head_tokens``
+    tokens (the head it drafts with now), else the ``head_tokens`` most frequent of ``tokens``."""
+    if init_from is not None:
+        saved = load_draft_head(init_from, vocab_size)
+        if saved is not None and len(saved) == head_tokens:
+            return saved
+    return frequent_tokens(np.asarray(tokens), head_tokens, vocab_size, always)
 
 
 class MixedBatches:
@@ -254,7 +283,7 @@ def train_draft(args: TrainArgs, shape: ModelShape | None, target_dir: str | Pat
                 data: list[Path] | None = None, shape_overrides: dict[str, int] | None = None,
                 sampled_generations: int = 0, sample_temperature: float = ACCEPTANCE_TEMPERATURE,
                 tv_weight: float = 0.0, tv_temperature: float = ACCEPTANCE_TEMPERATURE,
-                head_tokens: int | None = None) -> dict[str, object]:
+                head_tokens: int | None = None, head_loss: bool = False) -> dict[str, object]:
     """Distil a draft of ``shape`` (None: ``draft_shape_for`` the target) from the model in
     ``target_dir`` (a directory or hub id), whose tokenizer files the draft is saved with.
 
@@ -282,7 +311,9 @@ def train_draft(args: TrainArgs, shape: ModelShape | None, target_dir: str | Pat
 
     The saved draft drafts over the ``head_tokens`` most frequent tokens of the training stream
     (model/draft_head.py; None: a quarter of the vocabulary, at least 1,024 tokens; 0, or the whole
-    vocabulary: no head file).
+    vocabulary: no head file). ``head_loss`` trains the draft as it drafts with that head: q over its
+    tokens only (``distill_loss``; validation likewise); the head is then the one ``init_from`` came
+    with, when it has one, else the count of the training stream.
     """
     check_sampled_objective(n_generations, sampled_generations, sample_temperature, tv_weight, tv_temperature)
     set_threads(args.threads)
@@ -316,12 +347,21 @@ def train_draft(args: TrainArgs, shape: ModelShape | None, target_dir: str | Pat
     sampler = MixedBatches(tokens, generations, generated_fraction, args.seed, copy_fraction)
     val = load_stream(args.data_dir, "val")
     val_batches = eval_batches(val, args.eval_batches, args.batch_size, args.seq_len)
+    head_tokens = default_head_tokens(config.vocab_size) if head_tokens is None else head_tokens
+    cut_head = 0 < head_tokens < config.vocab_size
+    head_ids = training_head(init_from, tokens, head_tokens, config.vocab_size, loaded.eos_token_ids) \
+        if head_loss and cut_head else None
+    if head_loss and head_ids is None:
+        raise QuickdraftError("--head-loss trains the draft over its cut head: give --head-tokens between 1 and "
+                              f"{config.vocab_size - 1}")
+    train_head = None if head_ids is None else head_ids.to(device)
     summary = train_loop(
         draft,
-        lambda m, b: distill_loss(m, target, b, tv_weight=tv_weight, tv_temperature=tv_temperature),
+        lambda m, b: distill_loss(m, target, b, tv_weight=tv_weight, tv_temperature=tv_temperature,
+                                  head_ids=train_head),
         args,
         name="draft",
-        eval_fn=lambda m: evaluate_draft(m, target, val_batches),
+        eval_fn=lambda m: evaluate_draft(m, target, val_batches, train_head),
         sampler=sampler,
     )
     summary["target_params"] = n_target
@@ -336,8 +376,11 @@ def train_draft(args: TrainArgs, shape: ModelShape | None, target_dir: str | Pat
     summary["shape"] = asdict(shape)
     final_dir = export_dir or args.out_dir / "final"
     export_model(draft, loaded.path, final_dir)
-    head_tokens = default_head_tokens(config.vocab_size) if head_tokens is None else head_tokens
-    if 0 < head_tokens < config.vocab_size:  # the draft drafts over its most frequent tokens (model/draft_head.py)
+    summary["head_loss"] = head_ids is not None
+    if head_ids is not None:  # the head it was trained for
+        path = save_draft_head(final_dir, head_ids, config.vocab_size, {"from": str(init_from or args.data_dir)})
+        summary["draft_head"] = {"head_file": str(path), "head_tokens": len(head_ids)}
+    elif cut_head:  # the draft drafts over its most frequent tokens (model/draft_head.py)
         summary["draft_head"] = save_counted_head(np.asarray(tokens), final_dir, head_tokens, config.vocab_size,
                                                   loaded.eos_token_ids, f"the training stream {args.data_dir}")
     (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
