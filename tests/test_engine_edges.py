@@ -222,6 +222,35 @@ def test_one_slow_draft_step_cannot_talk_auto_gamma_into_plain_decoding():
     assert controller.next_gamma() == 0
 
 
+def test_auto_gamma_plans_a_draft_calls_fixed_cost_apart_from_its_steps():
+    """A drafter that times its steps (the native draft call) splits its cost: c from the steps after
+    the first, f = the call's time beyond c per step (the first step's cold caches, the call's
+    overhead). Planned as γc + f, a costly first step makes longer drafts pay: the same total per
+    call charged per token (f = 0) picks a shorter γ. One slow call is capped like any cost."""
+    from quickdraft.engine import COST_OUTLIER, GammaController, best_gamma
+
+    def controller() -> GammaController:
+        return GammaController("auto", 8, cost_hint=0.1, verify_cost=lambda gamma: 1 + 0.02 * gamma)
+
+    # a 1-row target call 1 ms (the verify of 4 drafts 1.08 ms); the draft call 0.3 ms: steps of
+    # 0.2, 0.02, 0.02 and 0.02 ms, and 0.04 ms around them
+    split, per_token = controller(), controller()
+    for _ in range(40):
+        split.observe(4, 3, drafter_seconds_per_call=0.3e-3 / 4, target_seconds=1.08e-3,
+                      step_seconds=[0.2e-3, 0.02e-3, 0.02e-3, 0.02e-3])
+        per_token.observe(4, 3, drafter_seconds_per_call=0.3e-3 / 4, target_seconds=1.08e-3)
+    assert split.cost == pytest.approx(0.02, rel=1e-3) and split.fixed_cost == pytest.approx(0.22, rel=1e-3)
+    assert per_token.cost == pytest.approx(0.075, rel=1e-3) and per_token.fixed_cost == 0.0
+    for made in (split, per_token):
+        made.accepts, made.rejects = 7.0, 3.0  # α = 0.7
+    assert split.next_gamma() == best_gamma(0.7, 0.02, 8, split.verify_cost, 0.22) == 6
+    assert per_token.next_gamma() == best_gamma(0.7, 0.075, 8, per_token.verify_cost) == 4
+    fresh = controller()  # the first split call 50x slow (another process): f starts capped at COST_OUTLIER x c
+    fresh.observe(4, 3, drafter_seconds_per_call=4e-3, target_seconds=1.08e-3, step_seconds=[15.94e-3] + [0.02e-3] * 3)
+    assert fresh.cost == pytest.approx(0.8 * 0.1 + 0.2 * 0.02)
+    assert fresh.fixed_cost == pytest.approx(0.8 * fresh.cost + 0.2 * COST_OUTLIER * fresh.cost)
+
+
 def test_a_request_starts_from_what_earlier_requests_of_its_kind_measured(text_pair):
     """The engine remembers acceptance and draft cost per kind of request (greedy, coupled, rejection
     rule); a new request's controller starts from them instead of the fixed prior. Only γ follows:

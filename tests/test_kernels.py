@@ -287,7 +287,7 @@ def test_a_greedy_draft_in_one_call_is_the_step_by_step_draft(checkpoints, dtype
     sampler = sampler_for(greedy)
     native, calls = drafters[0].model.native, []
     one_call_draft = native.draft_greedy
-    native.draft_greedy = lambda *args: calls.append(args) or one_call_draft(*args)
+    native.draft_greedy = lambda *args, **kwargs: calls.append(args) or one_call_draft(*args, **kwargs)
     tokens = list(prompt)
     for k, accepted in [(4, 2), (6, 6), (1, 0), (5, 3)]:
         # confidence_stop=0.0 never stops a draft, but takes the step-by-step path
@@ -295,6 +295,9 @@ def test_a_greedy_draft_in_one_call_is_the_step_by_step_draft(checkpoints, dtype
             tokens, k, greedy, sampler, confidence_stop=0.0)
         assert one_call.tokens == step_by_step.tokens and len(one_call.tokens) == k
         assert one_call.forward_calls == step_by_step.forward_calls and one_call.q is None
+        # the one call times each of its steps (auto γ plans the first apart), the Python steps do not
+        assert one_call.step_seconds is not None and len(one_call.step_seconds) == k
+        assert all(0 < seconds < 1 for seconds in one_call.step_seconds) and step_by_step.step_seconds is None
         for drafter in drafters:
             drafter.accept(accepted)
         assert drafters[0].cache.length == drafters[1].cache.length
@@ -324,7 +327,7 @@ def test_a_coupled_sampled_draft_in_one_call_races_as_the_step_by_step_draft(che
         drafter.begin(prompt, DraftContext(target, target.new_cache(160), 160, drafter.vocab_limit))
     native, calls = drafters[0].model.native, []
     one_call_draft = native.draft_greedy
-    native.draft_greedy = lambda *args: calls.append(args) or one_call_draft(*args)
+    native.draft_greedy = lambda *args, **kwargs: calls.append(args) or one_call_draft(*args, **kwargs)
     tokens, drafted = list(prompt), 0
     for temperature in (0.8, 1.5):
         sampling = SamplingParams(temperature=temperature, seed=11)
@@ -405,6 +408,8 @@ def test_a_one_call_draft_refuses_draws_it_would_misread(checkpoints) -> None:
         model.native.draft_greedy([3, 4, 5], 4, model.config.vocab_size, cache, uniforms=strided)
     assert len(model.native.draft_greedy([3, 4, 5], 4, model.config.vocab_size, cache,
                                          uniforms=strided.contiguous())) == 4
+    with pytest.raises(RuntimeError, match="step_seconds"):  # its step times likewise
+        model.native.draft_greedy([3, 4, 5], 4, model.config.vocab_size, cache, step_seconds=torch.empty(3, dtype=torch.float64))
 
 
 def test_a_batch_of_rejection_rule_drafts_draws_in_one_call_from_the_q_it_returns(checkpoints) -> None:
@@ -472,7 +477,7 @@ def test_a_lone_sequence_of_a_batch_drafts_in_one_call(checkpoints, temperature:
     assert native is not None
     calls = []
     one_call_draft = native.draft_greedy
-    native.draft_greedy = lambda *args: calls.append(args) or one_call_draft(*args)
+    native.draft_greedy = lambda *args, **kwargs: calls.append(args) or one_call_draft(*args, **kwargs)
     sampling = SamplingParams(temperature=temperature, seed=3)
     prompts = [[5, 9, 17, 33, 2, 8], [7, 7, 12, 40]]
     plain = [engine.generate_batch([p], 24, sampling, gamma=0, max_batch=4)[0].token_ids for p in prompts]

@@ -19,7 +19,7 @@ MEMORY_DECAY = 0.99
 class AcceptanceMemory:
     """What earlier requests of a kind (greedy, coupled or rejection-rule sampling) measured with one
     drafter: decayed counts of accepted drafted tokens and of rejections, and the last draft-step cost
-    ratio c. A new request's controller starts from them, the acceptance worth PRIOR_WEIGHT
+    ratios c and f. A new request's controller starts from them, the acceptance worth PRIOR_WEIGHT
     observations, instead of the fixed prior (α = 2/3) and the drafter's cost hint, which were most of
     a short request's life (32-token requests in a batch: goodput planned with the prior for most of
     their steps, and chose plain decoding for a third of them). Only speed follows: every γ gives the
@@ -28,6 +28,7 @@ class AcceptanceMemory:
     def __init__(self) -> None:
         self.counts: dict[Hashable, list[float]] = {}  # kind -> decayed [accepted tokens, rejections]
         self.costs: dict[Hashable, float] = {}  # kind -> the last controller's c
+        self.fixed_costs: dict[Hashable, float] = {}  # kind -> its f (a draft call's cost beyond its steps)
 
     def count(self, kind: Hashable, accepted: int, rejected: bool) -> None:
         counts = self.counts.setdefault(kind, [0.0, 0.0])
@@ -49,3 +50,4 @@ class AcceptanceMemory:
             controller.accepts, controller.rejects = prior
         if controller.kind in self.costs:
             controller.cost = self.costs[controller.kind]
+            controller.fixed_cost = self.fixed_costs.get(controller.kind, 0.0)

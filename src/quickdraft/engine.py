@@ -62,7 +62,10 @@ def decayed(estimate: float | None, measured: float) -> float:
 
 class GammaController:
     """Fixed γ, or "auto": maximise expected tokens per unit time,
-    E[tokens]/cost = (1 − α^(γ+1)) / ((1 − α)(γc + v(γ))), from running estimates of α and c.
+    E[tokens]/cost = (1 − α^(γ+1)) / ((1 − α)(γc + f + v(γ))), from running estimates of α, of c
+    (a draft step's cost) and of f (what a draft call costs beyond its steps, whatever γ: a drafter
+    that times its steps apart reports its first step's extra cost - after a target forward its
+    weights are no longer in the caches - and the call's overhead; 0 for the others).
     When no γ is expected to beat a plain step (a costly verify, drafts that keep failing), auto
     decodes plainly (γ = 0), drafting once every PROBE_EVERY steps to see whether that changed.
 
@@ -83,6 +86,7 @@ class GammaController:
         # Beta(2, 1)-like prior on α; decayed counts so the estimate follows the text.
         self.accepts, self.rejects = 2.0, 1.0
         self.cost = cost_hint
+        self.fixed_cost = 0.0
         self.verify_cost = verify_cost or (lambda gamma: 1.0)
         self.decay = 0.9
         self.plain_steps = 0  # consecutive plain steps auto chose
@@ -94,25 +98,40 @@ class GammaController:
         if not self.auto:
             return self.fixed
         alpha = self.accepts / (self.accepts + self.rejects)
-        gamma = best_gamma(alpha, self.cost, self.max_gamma, self.verify_cost)
-        if expected_speedup(alpha, gamma, self.cost, self.verify_cost(gamma)) > 1.0 or self.plain_steps >= PROBE_EVERY:
+        gamma = best_gamma(alpha, self.cost, self.max_gamma, self.verify_cost, self.fixed_cost)
+        if (expected_speedup(alpha, gamma, self.cost, self.verify_cost(gamma), self.fixed_cost) > 1.0
+                or self.plain_steps >= PROBE_EVERY):
             self.plain_steps = 0
             return gamma
         self.plain_steps += 1
         return 0
 
     def observe(self, drafted: int, accepted: int, drafter_seconds_per_call: float | None,
-                target_seconds: float | None) -> None:
+                target_seconds: float | None, step_seconds: Sequence[float] | None = None) -> None:
+        """One step's outcome: ``drafted`` tokens, ``accepted`` of them; the draft's time per forward
+        call and the verify's; with ``step_seconds`` (each drafted token's step time, as the native
+        draft times them) the draft's time splits into steps after the first (c) and the rest (f)."""
         if drafted:
             self.accepts = self.decay * self.accepts + accepted
             self.rejects = self.decay * self.rejects + (1 if accepted < drafted else 0)
             if self.memory is not None:
                 self.memory.count(self.kind, accepted, accepted < drafted)
         if drafter_seconds_per_call is not None and target_seconds:
-            measured = drafter_seconds_per_call / (target_seconds / self.verify_cost(drafted))
-            self.cost = decayed(self.cost, measured)
+            one_row = target_seconds / self.verify_cost(drafted)
+            if step_seconds is not None and len(step_seconds) > 1:
+                later = step_seconds[1:]
+                step = sum(later) / len(later)
+                self.cost = decayed(self.cost, step / one_row)
+                call = drafter_seconds_per_call * len(step_seconds)
+                # the first estimate starts from one step's worth, so that one slow call counts at most
+                # COST_OUTLIER times that (as every cost estimate does)
+                beyond = max(0.0, call - step * len(step_seconds)) / one_row
+                self.fixed_cost = decayed(self.fixed_cost or self.cost, beyond)
+            else:
+                self.cost = decayed(self.cost, drafter_seconds_per_call / one_row)
             if self.memory is not None:
                 self.memory.costs[self.kind] = self.cost
+                self.memory.fixed_costs[self.kind] = self.fixed_cost
 
 
 def request_kind(sampling: SamplingParams) -> tuple[bool, bool]:
@@ -120,16 +139,16 @@ def request_kind(sampling: SamplingParams) -> tuple[bool, bool]:
     return sampling.greedy, sampling.coupled
 
 
-def expected_speedup(alpha: float, gamma: int, cost: float, verify_cost: float = 1.0) -> float:
+def expected_speedup(alpha: float, gamma: int, cost: float, verify_cost: float = 1.0, fixed_cost: float = 0.0) -> float:
     """Leviathan et al.'s bound, (1 − α^(γ+1)) / ((1 − α)(γc + 1)), with the verify call costing
-    ``verify_cost`` 1-row target calls instead of one."""
+    ``verify_cost`` 1-row target calls instead of one and the draft call ``fixed_cost`` beyond its γ steps."""
     tokens = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-    return tokens / (gamma * cost + verify_cost)
+    return tokens / (gamma * cost + fixed_cost + verify_cost)
 
 
 def best_gamma(alpha: float, cost: float, max_gamma: int,
-               verify_cost: Callable[[int], float] = lambda gamma: 1.0) -> int:
-    return max(range(1, max_gamma + 1), key=lambda g: expected_speedup(alpha, g, cost, verify_cost(g)))
+               verify_cost: Callable[[int], float] = lambda gamma: 1.0, fixed_cost: float = 0.0) -> int:
+    return max(range(1, max_gamma + 1), key=lambda g: expected_speedup(alpha, g, cost, verify_cost(g), fixed_cost))
 
 
 class Engine:
@@ -452,7 +471,7 @@ class Engine:
         if drafter is not None and k > 0:
             drafter.accept(n)
         stats.record_step(len(draft.tokens), n)
-        controller.observe(len(draft.tokens), n, drafter_seconds, target_seconds)
+        controller.observe(len(draft.tokens), n, drafter_seconds, target_seconds, draft.step_seconds)
         return new
 
     def _tree_step(self, tokens: list[int], cache: KVCache, drafter: Drafter, shape: TreeShape, room: int,

@@ -34,6 +34,9 @@ class Draft:
     # of the proposal's time, what went to feeding tokens the drafter fell behind on (the prompt, or
     # the tokens of plain steps between drafts): a cost of its own, not of the draft's steps
     catch_up_seconds: float = 0.0
+    # each drafted token's step time, when the drafter times its steps apart (one native call): the
+    # first step's time also holds what the call costs whatever its length, which auto γ plans apart
+    step_seconds: list[float] | None = None
 
 
 @dataclass

@@ -66,37 +66,40 @@ def catch_up(model: Transformer, cache: KVCache, tokens: list[int]) -> float:
 
 
 def draft_natively(model: Transformer, cache: KVCache, tokens: list[int], k: int, vocab_limit: int,
-                   sampling: SamplingParams, sampler: TokenSampler, adjuster: LogitAdjuster | None = None) -> list[int]:
+                   sampling: SamplingParams, sampler: TokenSampler, adjuster: LogitAdjuster | None = None,
+                   step_seconds: torch.Tensor | None = None) -> list[int]:
     """k draft tokens after ``tokens`` (``cache`` holds the first ``cache.length``) in one native
     call: greedy, or the coupled rule's race (``races_natively``), over logits adjusted by
     ``adjuster``'s ``draft_bias`` when given. The cache's length is left to the caller: it then
-    holds ``len(tokens) + k - 1`` tokens."""
+    holds ``len(tokens) + k - 1`` tokens. ``step_seconds`` [k] receives each step's time."""
     assert model.native is not None
     noise, temperature = native_draft_noise(len(tokens), k, vocab_limit, sampling, sampler, adjuster)
-    return model.native.draft_greedy(tokens[cache.length:], k, vocab_limit, cache, noise, temperature)
+    return model.native.draft_greedy(tokens[cache.length:], k, vocab_limit, cache, noise, temperature,
+                                     step_seconds=step_seconds)
 
 
 def native_chain(model: Transformer, cache: KVCache, tokens: list[int], k: int, vocab_limit: int,
-                 sampling: SamplingParams, sampler: TokenSampler,
-                 adjuster: LogitAdjuster | None = None) -> tuple[list[int], torch.Tensor | None]:
+                 sampling: SamplingParams, sampler: TokenSampler, adjuster: LogitAdjuster | None = None,
+                 step_seconds: torch.Tensor | None = None) -> tuple[list[int], torch.Tensor | None]:
     """(k draft tokens, their q or None) in one native call, for a request ``drafts_natively`` accepts:
     drawn with q under the rejection rule (``draw_natively``), else greedy or raced without one
-    (``draft_natively``). The cache's length is left to the caller."""
+    (``draft_natively``). The cache's length is left to the caller. ``step_seconds`` [k] receives
+    each step's time."""
     if draws_natively(sampling, sampler):
         return draw_natively(model, cache, tokens, k, vocab_limit, sampling,
-                             sampler.generator, adjuster)  # type: ignore[attr-defined]
-    return draft_natively(model, cache, tokens, k, vocab_limit, sampling, sampler, adjuster), None
+                             sampler.generator, adjuster, step_seconds)  # type: ignore[attr-defined]
+    return draft_natively(model, cache, tokens, k, vocab_limit, sampling, sampler, adjuster, step_seconds), None
 
 
 def draw_natively(model: Transformer, cache: KVCache, tokens: list[int], k: int, vocab_limit: int,
-                  sampling: SamplingParams, generator: torch.Generator,
-                  adjuster: LogitAdjuster | None = None) -> tuple[list[int], torch.Tensor]:
+                  sampling: SamplingParams, generator: torch.Generator, adjuster: LogitAdjuster | None = None,
+                  step_seconds: torch.Tensor | None = None) -> tuple[list[int], torch.Tensor]:
     """k rejection-rule draft tokens after ``tokens`` in one native call (``draws_natively``) and the
     q [k, vocab] each was drawn from. The cache's length is left to the caller, as in draft_natively."""
     assert model.native is not None
     uniforms, bias, head_logits = native_draw_inputs(model, k, sampling, generator, adjuster)
     drafted = model.native.draft_greedy(tokens[cache.length:], k, vocab_limit, cache, bias, sampling.temperature,
-                                        uniforms, head_logits)
+                                        uniforms, head_logits, step_seconds=step_seconds)
     return drafted, drawn_distribution(model, head_logits, vocab_limit, sampling.temperature, bias)
 
 
@@ -239,11 +242,13 @@ class DraftModelDrafter(Drafter):
         the coupled rule verifies without one. The rejection rule draws from the untruncated softmax
         instead (``draw_natively``), its q returned with the tokens."""
         assert self.cache is not None
-        drafted, q = native_chain(self.model, self.cache, tokens, k, self.vocab_limit, sampling, sampler, adjuster)
+        step_seconds = torch.empty(k, dtype=torch.float64)
+        drafted, q = native_chain(self.model, self.cache, tokens, k, self.vocab_limit, sampling, sampler, adjuster,
+                                  step_seconds)
         self._base = len(tokens)
         self._fed = k - 1
         self.cache.length = self._base + self._fed
-        return Draft(drafted, q, k)
+        return Draft(drafted, q, k, step_seconds=step_seconds.tolist())
 
     def accept(self, n_accepted: int) -> None:
         assert self.cache is not None

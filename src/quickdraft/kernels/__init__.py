@@ -235,6 +235,7 @@ def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
 
 
 _NO_TENSOR = torch.empty(0)  # an optional tensor argument left out
+_NO_SECONDS = torch.empty(0, dtype=torch.float64)
 
 
 def forward(tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
@@ -263,7 +264,7 @@ def draft_greedy(tokens: torch.Tensor, start: int, k: int, vocab_limit: int, cos
                  gumbel: torch.Tensor | None = None, temperature: float = 1.0, uniforms: torch.Tensor | None = None,
                  logits_out: torch.Tensor | None = None, input_features: torch.Tensor | None = None,
                  feature_proj: torch.Tensor | None = None, features_out: torch.Tensor | None = None,
-                 hold_features: bool = False) -> torch.Tensor:
+                 hold_features: bool = False, step_seconds: torch.Tensor | None = None) -> torch.Tensor:
     """Feed tokens [1, T] after ``start`` cached tokens, then draft ``k`` tokens greedily in one call
     (``forward``'s steps, the argmax of each fed back): -> int64 [k]. ``head_ids`` [vocab] maps the
     head's rows to token ids when the head covers a subset of the vocabulary. ``gumbel`` [k, V]
@@ -272,7 +273,8 @@ def draft_greedy(tokens: torch.Tensor, start: int, k: int, vocab_limit: int, cos
     gumbel), ``gumbel`` then an additive bias. ``logits_out`` [k, vocab] (float32) receives each
     step's logits. A feature draft passes ``forward``'s ``input_features`` (of the fed tokens),
     ``feature_proj`` and ``features_out``: each drafted token is fed with its step's feature, or with
-    ``hold_features`` the last fed one again."""
+    ``hold_features`` the last fed one again. ``step_seconds`` [k] (float64) receives each step's
+    time, the first's from the call's start (it feeds ``tokens``)."""
     ids = torch.empty(0, dtype=torch.long) if head_ids is None else head_ids
     none = _NO_TENSOR
     noise = torch.empty(0, 0) if gumbel is None else gumbel
@@ -283,7 +285,8 @@ def draft_greedy(tokens: torch.Tensor, start: int, k: int, vocab_limit: int, cos
                                              torch.empty(0, 0) if logits_out is None else logits_out,
                                              none if input_features is None else input_features,
                                              none if feature_proj is None else feature_proj,
-                                             none if features_out is None else features_out, hold_features)
+                                             none if features_out is None else features_out, hold_features,
+                                             _NO_SECONDS if step_seconds is None else step_seconds)
 
 
 def draft_batch(tokens: torch.Tensor, positions: torch.Tensor, ks: list[int], window: int, vocab_limit: int,

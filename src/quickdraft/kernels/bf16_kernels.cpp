@@ -28,6 +28,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -1265,9 +1266,15 @@ at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t 
                                const at::Tensor& head_ids, const at::Tensor& gumbel, double inverse_temperature,
                                const at::Tensor& uniforms, const at::Tensor& logits_out,
                                const at::Tensor& input_features, const at::Tensor& feature_proj,
-                               const at::Tensor& features_out, bool hold_features) {
+                               const at::Tensor& features_out, bool hold_features, const at::Tensor& step_seconds) {
+  using Clock = std::chrono::steady_clock;
+  auto mark = Clock::now();
   TORCH_CHECK(input_features.numel() == 0 || features_out.numel() > 0,
               "draft_greedy: a feature draft writes the features it feeds back to features_out");
+  TORCH_CHECK(step_seconds.numel() == 0 || (step_seconds.numel() == k && step_seconds.scalar_type() == at::kDouble &&
+                                           step_seconds.is_contiguous()),
+              "draft_greedy: step_seconds is a contiguous float64 [k] tensor");
+  double* step_times = step_seconds.numel() ? step_seconds.data_ptr<double>() : nullptr;
   TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == 1 && tokens.size(1) >= 1 && k >= 1 && vocab_limit >= 1 &&
               vocab_limit <= vocab, "draft_greedy: one sequence of at least one token, k >= 1, a vocabulary limit");
   TORCH_CHECK(head_ids.numel() == 0 || (head_ids.numel() == vocab && head_ids.scalar_type() == at::kLong),
@@ -1312,6 +1319,11 @@ at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t 
     out[i] = best;
     first += t;
     feed = at::full({1, 1}, best, ids);
+    if (step_times) {  // each step's time: the first also feeds what the call was given
+      const auto now = Clock::now();
+      step_times[i] = std::chrono::duration<double>(now - mark).count();
+      mark = now;
+    }
   }
   return drafted;
 }
@@ -1322,12 +1334,13 @@ at::Tensor draft_greedy(const at::Tensor& tokens, int64_t start, int64_t k, int6
                         int64_t intermediate, int64_t vocab, double eps, const at::Tensor& head_ids,
                         const at::Tensor& gumbel, double inverse_temperature, const at::Tensor& uniforms,
                         const at::Tensor& logits_out, const at::Tensor& input_features, const at::Tensor& feature_proj,
-                        const at::Tensor& features_out, bool hold_features) {
+                        const at::Tensor& features_out, bool hold_features, const at::Tensor& step_seconds) {
   return by_weight_dtype("draft_greedy", weights[0], cos, [&](auto element) {
     return draft_greedy_native<decltype(element)>(tokens, start, k, vocab_limit, cos, signed_sin, keys, values,
                                                   weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps,
                                                   head_ids, gumbel, inverse_temperature, uniforms, logits_out,
-                                                  input_features, feature_proj, features_out, hold_features);
+                                                  input_features, feature_proj, features_out, hold_features,
+                                                  step_seconds);
   });
 }
 
@@ -1677,7 +1690,7 @@ TORCH_LIBRARY(quickdraft, m) {
         "Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, int n_kv, int head_dim, "
         "int intermediate, int vocab, float eps, Tensor head_ids, Tensor gumbel, float inverse_temperature, "
         "Tensor uniforms, Tensor(c!) logits_out, Tensor input_features, Tensor feature_proj, "
-        "Tensor(d!) features_out, bool hold_features) -> Tensor");
+        "Tensor(d!) features_out, bool hold_features, Tensor(e!) step_seconds) -> Tensor");
   m.def("draft_batch(Tensor tokens, Tensor positions, Tensor ks, int window, int vocab_limit, Tensor cos, "
         "Tensor signed_sin, Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, "
         "int n_kv, int head_dim, int intermediate, int vocab, float eps, Tensor head_ids, Tensor[] gumbel, "

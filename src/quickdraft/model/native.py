@@ -111,7 +111,8 @@ class NativeForward:
     def draft_greedy(self, tokens: list[int], k: int, vocab_limit: int, cache: KVCache,
                      gumbel: torch.Tensor | None = None, temperature: float = 1.0,
                      uniforms: torch.Tensor | None = None, logits_out: torch.Tensor | None = None,
-                     input_features: torch.Tensor | None = None, hold_features: bool = False) -> list[int]:
+                     input_features: torch.Tensor | None = None, hold_features: bool = False,
+                     step_seconds: torch.Tensor | None = None) -> list[int]:
         """Feed ``tokens`` after the cache's ``length`` tokens, then draft k tokens greedily (each
         the first maximum of its logits below ``vocab_limit``), all in one C++ call: the same
         forwards as feeding them one by one, without Python between the steps. The cache's length
@@ -124,7 +125,8 @@ class NativeForward:
         distribution (the rejection rule's draft). ``logits_out`` [k, head rows] float32 receives each
         step's head logits. A feature draft passes ``input_features`` [len(tokens), E] for the fed
         tokens; each drafted token is then fed with the feature its step wrote to ``cache.features``, or
-        with ``hold_features`` the last of ``input_features`` again."""
+        with ``hold_features`` the last of ``input_features`` again. ``step_seconds`` [k] float64
+        receives each step's time (the first's feeds ``tokens`` too)."""
         head_ids = self.model.head_ids
         if head_ids is not None:
             vocab_limit = int(torch.searchsorted(head_ids, vocab_limit))
@@ -136,7 +138,7 @@ class NativeForward:
             *self._cache_inputs(cache, 1, start + len(tokens) + k), self.weights, self.model.config.n_layer,
             *self.shape, self.eps, head_ids, gumbel, temperature, uniforms, logits_out, input_features,
             None if input_features is None else packed(self.model.fuse_feature),
-            None if input_features is None else cache.features, hold_features)
+            None if input_features is None else cache.features, hold_features, step_seconds)
         return drafted.tolist()
 
     def draft_batch(self, feeds: list[tuple[list[int], int] | None], ks: list[int], vocab_limit: int, cache: KVCache,
