@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -46,7 +47,7 @@ from quickdraft.train.common import (
 from quickdraft.train.copy_augment import CopyAugmentedBatches
 from quickdraft.train.induction import INDUCTION_LR, induction_bootstrap
 from quickdraft.train.shapes import ModelShape
-from quickdraft.model.draft_head import load_draft_head, save_draft_head
+from quickdraft.model.draft_head import HEAD_FILE, load_draft_head
 from quickdraft.train.draft_head import frequent_tokens, save_counted_head
 from quickdraft.train.text_data import load_stream, prepare_token_data, token_dtype
 
@@ -313,7 +314,7 @@ def train_draft(args: TrainArgs, shape: ModelShape | None, target_dir: str | Pat
     (model/draft_head.py; None: a quarter of the vocabulary, at least 1,024 tokens; 0, or the whole
     vocabulary: no head file). ``head_loss`` trains the draft as it drafts with that head: q over its
     tokens only (``distill_loss``; validation likewise); the head is then the one ``init_from`` came
-    with, when it has one, else the count of the training stream.
+    with (its file copied), when it has one of that size, else the count of the training stream.
     """
     check_sampled_objective(n_generations, sampled_generations, sample_temperature, tv_weight, tv_temperature)
     set_threads(args.threads)
@@ -377,10 +378,13 @@ def train_draft(args: TrainArgs, shape: ModelShape | None, target_dir: str | Pat
     final_dir = export_dir or args.out_dir / "final"
     export_model(draft, loaded.path, final_dir)
     summary["head_loss"] = head_ids is not None
-    if head_ids is not None:  # the head it was trained for
-        path = save_draft_head(final_dir, head_ids, config.vocab_size, {"from": str(init_from or args.data_dir)})
-        summary["draft_head"] = {"head_file": str(path), "head_tokens": len(head_ids)}
-    elif cut_head:  # the draft drafts over its most frequent tokens (model/draft_head.py)
+    inherited = head_ids is not None and init_from is not None and (init_from / HEAD_FILE).is_file() and \
+        torch.equal(load_draft_head(init_from, config.vocab_size), head_ids)  # type: ignore[arg-type]
+    if inherited:  # the head it was trained for, as init_from counted it
+        shutil.copyfile(init_from / HEAD_FILE, final_dir / HEAD_FILE)  # type: ignore[operator]
+        summary["draft_head"] = {"head_file": str(final_dir / HEAD_FILE), "head_tokens": len(head_ids),
+                                 "from": str(init_from)}
+    elif cut_head:  # the draft drafts over its most frequent tokens (model/draft_head.py; training_head's count)
         summary["draft_head"] = save_counted_head(np.asarray(tokens), final_dir, head_tokens, config.vocab_size,
                                                   loaded.eos_token_ids, f"the training stream {args.data_dir}")
     (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
