@@ -16,6 +16,7 @@ from quickdraft.assets import default_target_path, embedded_draft_for
 from quickdraft.bench.harness import encode_prompt, load_prompts
 from quickdraft.engine import Engine
 from quickdraft.model.loader import LoadedModel, load_model
+from quickdraft.sampling import SamplingParams
 
 
 def embedded_engine(draft: str | Path | None = None, *, compile_target: bool = False,
@@ -82,3 +83,48 @@ def rotated_rounds(units: Sequence[object], arms: Sequence[str], run: Callable[[
         print(f"round {r + 1}: " + ", ".join(f"{arm} {t.rate:.0f} tokens/s" for arm, t in this_round.items()),
               flush=True)
     return totals
+
+
+# The bench's three kinds of request: greedy, a seeded T = 0.8 request (the coupled rule) and an
+# unseeded one (the rejection rule, an OpenAI client's default).
+REQUESTS = {"greedy": SamplingParams(), "coupled": SamplingParams(temperature=0.8, seed=1),
+            "rejection": SamplingParams(temperature=0.8, rule="rejection")}
+NEW_TOKENS = 128
+
+
+def product_engines(drafters: dict[str, object]) -> tuple[LoadedModel, Engine, dict[str, Engine]]:
+    """(the default target as the product loads it, a plain engine, an engine per named drafter as
+    `quickdraft generate` builds them: the draft in the target's dtype with its cut head, exact mode
+    off), one thread, EOS ignored."""
+    torch.set_num_threads(1)
+    target = load_model(default_target_path(), dtype="auto")
+    engines = {name: Engine(target, spec, exact=False) for name, spec in drafters.items()}  # type: ignore[arg-type]
+    plain = Engine(target, None, exact=False)
+    for engine in (plain, *engines.values()):
+        engine.eos_token_ids = frozenset()
+    return target, plain, engines
+
+
+def speculative_rounds(prompts: list[list[int]], plain: Engine, arms: dict[str, tuple[Engine, int | str]],
+                       sampling: SamplingParams, rounds: int) -> list[dict[str, ArmTotals]]:
+    """rotated_rounds of plain decoding and each arm's (engine, γ) on the prompts, NEW_TOKENS each."""
+    def run(prompt: list[int], arm: str) -> tuple[int, int, int]:
+        engine, gamma = (plain, 0) if arm == "plain" else arms[arm]
+        result = engine.generate(prompt, NEW_TOKENS, sampling, gamma)
+        return len(result.token_ids), result.stats.accepted, result.stats.drafted
+
+    return rotated_rounds(prompts, ["plain", *arms], run, rounds)
+
+
+def print_speedups(rounds: list[dict[str, ArmTotals]], arms: list[str]) -> None:
+    """Per arm: the median of its per-round speedups over plain decoding, each round's, its acceptance,
+    drafted tokens and tokens per target call."""
+    import statistics
+
+    for arm in arms:
+        speedups = [t[arm].rate / t["plain"].rate for t in rounds]
+        accepted, drafted = sum(t[arm].accepted for t in rounds), sum(t[arm].drafted for t in rounds)
+        calls = sum(t[arm].tokens - t[arm].accepted for t in rounds)
+        print(f"  {arm}: {statistics.median(speedups):.3f}x  ({' '.join(f'{x:.2f}' for x in speedups)})  "
+              f"acceptance {accepted / max(1, drafted):.3f}  drafted/call {drafted / calls:.2f}  "
+              f"tokens/call {sum(t[arm].tokens for t in rounds) / calls:.2f}", flush=True)

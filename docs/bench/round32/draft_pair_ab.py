@@ -1,34 +1,24 @@
-"""Two drafts (product-like: bf16, their cut heads, auto γ) against plain decoding, one process."""
-import statistics, sys, torch
-sys.path.insert(0, "docs/bench")  # run from the repository root
-from arm_rounds import prompt_ids, rotated_rounds
-from quickdraft.assets import default_target_path
-from quickdraft.engine import Engine
-from quickdraft.model.loader import load_model
-from quickdraft.sampling import SamplingParams
-torch.set_num_threads(1)
-rounds = int(sys.argv[1]); which = sys.argv[2].split(","); drafts = sys.argv[3:]
-target = load_model(default_target_path(), dtype="auto")
-engines = {}
-for d in drafts:
-    engines[d] = e = Engine(target, d, exact=False); e.eos_token_ids = frozenset()
-plain = Engine(target, None, exact=False); plain.eos_token_ids = frozenset()
-prompts = prompt_ids(target)
-S = {"greedy": SamplingParams(), "coupled": SamplingParams(temperature=0.8, seed=1),
-     "rejection": SamplingParams(temperature=0.8, rule="rejection")}
-arms = ["plain", *drafts]
+"""Draft models for the default target as `quickdraft generate` runs them (the target's dtype, their
+cut heads, auto γ), against plain decoding in one process; with two, the second's speed over the
+first's per round.
+
+    python docs/bench/round32/draft_pair_ab.py ROUNDS rejection,coupled,greedy DRAFT [DRAFT...]
+"""
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from arm_rounds import REQUESTS, print_speedups, product_engines, prompt_ids, speculative_rounds  # noqa: E402
+
+rounds, which, drafts = int(sys.argv[1]), sys.argv[2].split(","), sys.argv[3:]
+target, plain, engines = product_engines({d: d for d in drafts})
+arms = {d: (engines[d], "auto") for d in drafts}
 for name in which:
-    s = S[name]
-    def run(p, arm):
-        r = plain.generate(p, 128, s, 0) if arm == "plain" else engines[arm].generate(p, 128, s, "auto")
-        return len(r.token_ids), r.stats.accepted, r.stats.drafted
-    res = rotated_rounds(prompts, arms, run, rounds)
-    print(f"## {name}, {rounds} rounds (plain {statistics.median(t['plain'].rate for t in res):.0f} tokens/s)")
-    for arm in arms[1:]:
-        sp = [t[arm].rate / t["plain"].rate for t in res]
-        acc = sum(t[arm].accepted for t in res) / sum(t[arm].drafted for t in res)
-        tpc = sum(t[arm].tokens for t in res) / sum(t[arm].tokens - t[arm].accepted for t in res)
-        print(f"  {arm}: {statistics.median(sp):.3f}x  ({' '.join(f'{x:.2f}' for x in sp)})  acceptance {acc:.3f}  tokens/call {tpc:.2f}", flush=True)
+    results = speculative_rounds(prompt_ids(target), plain, arms, REQUESTS[name], rounds)
+    print(f"## {name}, {rounds} rounds (plain {statistics.median(t['plain'].rate for t in results):.0f} tokens/s)")
+    print_speedups(results, drafts)
     if len(drafts) == 2:
-        rel = [t[drafts[1]].rate / t[drafts[0]].rate for t in res]
-        print(f"  {drafts[1]} / {drafts[0]}: median {statistics.median(rel):.3f} ({' '.join(f'{x:.3f}' for x in rel)})")
+        relative = [t[drafts[1]].rate / t[drafts[0]].rate for t in results]
+        print(f"  {drafts[1]} / {drafts[0]}: median {statistics.median(relative):.3f} "
+              f"({' '.join(f'{x:.3f}' for x in relative)})")
