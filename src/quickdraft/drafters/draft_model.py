@@ -115,11 +115,22 @@ def native_draw_inputs(model: Transformer, k: int, sampling: SamplingParams, gen
 def drawn_distribution(model: Transformer, head_logits: torch.Tensor, vocab_limit: int, temperature: float,
                        bias: torch.Tensor | None) -> torch.Tensor:
     """q [k, vocab_limit]: the distributions a native draw sampled its tokens from, recomputed from the
-    logits it returned with the kernel's arithmetic (a multiply by 1 / T, then the bias)."""
-    scores = model.full_vocabulary(head_logits)[:, :vocab_limit] * (1.0 / temperature)
+    logits it returned with the kernel's arithmetic (a multiply by 1 / T, then the bias). A cut head's
+    softmax runs over its own rows and is scattered to their ids (0 elsewhere), not over the whole
+    vocabulary's -inf-padded row: a quarter of the work on the embedded draft, once per draft."""
+    ids = model.head_ids
+    if ids is None:
+        scores = head_logits[:, :vocab_limit] * (1.0 / temperature)
+        if bias is not None:
+            scores = scores + bias[:, :vocab_limit]
+        return torch.softmax(scores, dim=-1)
+    rows = int(torch.searchsorted(ids, vocab_limit))  # the head's ids ascend: its rows below vocab_limit
+    kept = ids[:rows]
+    scores = head_logits[:, :rows] * (1.0 / temperature)
     if bias is not None:
-        scores = scores + bias[:, :vocab_limit]
-    return torch.softmax(scores, dim=-1)
+        scores = scores + bias[:, kept]
+    q = head_logits.new_zeros(head_logits.shape[0], vocab_limit)
+    return q.index_copy_(1, kept, torch.softmax(scores, dim=-1))
 
 
 def native_draft_noise(first_position: int, k: int, vocab_limit: int, sampling: SamplingParams,
