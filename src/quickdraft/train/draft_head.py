@@ -26,7 +26,18 @@ MIN_TOKENS = 10_000  # fewer counted tokens than this rank most of a head by tie
 def frequent_tokens(tokens: np.ndarray, k: int, vocab_limit: int, always: tuple[int, ...]) -> torch.Tensor:
     """The k most frequent token ids of ``tokens`` below ``vocab_limit`` (ties: the lower id), with
     ``always`` among them, ascending."""
-    counts = np.bincount(np.asarray(tokens, dtype=np.int64), minlength=vocab_limit)[:vocab_limit].astype(np.float64)
+    return most_counted(token_counts(tokens, vocab_limit), k, always)
+
+
+def token_counts(tokens: np.ndarray, vocab_limit: int) -> np.ndarray:
+    """How often each id below ``vocab_limit`` occurs in ``tokens``."""
+    return np.bincount(np.asarray(tokens, dtype=np.int64), minlength=vocab_limit)[:vocab_limit]
+
+
+def most_counted(counts: np.ndarray, k: int, always: tuple[int, ...]) -> torch.Tensor:
+    """``frequent_tokens`` from ``token_counts``."""
+    vocab_limit = len(counts)
+    counts = counts.astype(np.float64)
     for token in always:
         if 0 <= token < vocab_limit:
             counts[token] = np.inf
@@ -64,9 +75,8 @@ def make_draft_head(draft: str | Path, data: list[Path], *, head_tokens: int | N
 def save_counted_head(tokens: np.ndarray, directory: Path, k: int, vocab: int, always: tuple[int, ...],
                       text: str) -> dict[str, object]:
     """Save the ``k`` most frequent of ``tokens`` (with ``always`` among them) as ``directory``'s head."""
-    tokens = np.asarray(tokens, dtype=np.int64)
-    head_ids = frequent_tokens(tokens, k, vocab, always)
-    counts = np.bincount(tokens[tokens < vocab], minlength=vocab)
+    counts = token_counts(tokens, vocab)
+    head_ids = most_counted(counts, k, always)
     covered = float(counts[head_ids.numpy()].sum() / max(1, counts.sum()))
     path = save_draft_head(directory, head_ids, vocab, {"tokens": int(tokens.size), "text": text})
     return {"head_file": str(path), "head_tokens": k, "vocab_size": vocab, "counted_tokens": int(tokens.size),
