@@ -246,7 +246,7 @@ def test_a_draft_trains_on_over_its_cut_head_and_keeps_that_head(gpt2_target: Pa
     refused = cli_main(["train", "draft", "--target", str(gpt2_target), "--data", str(text_dir),
                         "--out", str(tmp_path / "refused"), "--head-tokens", "0", "--head-loss", "--max-steps", "2",
                         "--generations", "8", *LOOP_FLAGS])
-    assert refused != 0
+    assert refused != 0 and not (tmp_path / "refused").exists()  # before anything loads or is written
 
 
 def test_self_draft_of_another_target_is_refused_with_a_clear_error(self_draft_dir: Path, tmp_path: Path) -> None:

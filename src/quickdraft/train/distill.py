@@ -52,6 +52,7 @@ from quickdraft.train.draft_head import frequent_tokens, save_counted_head
 from quickdraft.train.text_data import load_stream, prepare_token_data, token_dtype
 
 ACCEPTANCE_TEMPERATURE = 0.8  # the sampling temperature the bench and the demo report
+HEAD_LOSS_NEEDS_A_HEAD = "--head-loss trains the draft over a cut head: give --head-tokens between 1 and the vocabulary"
 
 log = logging.getLogger(__name__)
 
@@ -317,6 +318,8 @@ def train_draft(args: TrainArgs, shape: ModelShape | None, target_dir: str | Pat
     with (its file copied), when it has one of that size, else the count of the training stream.
     """
     check_sampled_objective(n_generations, sampled_generations, sample_temperature, tv_weight, tv_temperature)
+    if head_loss and head_tokens == 0:  # refused before anything loads
+        raise QuickdraftError(HEAD_LOSS_NEEDS_A_HEAD)
     set_threads(args.threads)
     device = training_device(args.device)
     torch.manual_seed(args.seed)
@@ -353,8 +356,7 @@ def train_draft(args: TrainArgs, shape: ModelShape | None, target_dir: str | Pat
     head_ids = training_head(init_from, tokens, head_tokens, config.vocab_size, loaded.eos_token_ids) \
         if head_loss and cut_head else None
     if head_loss and head_ids is None:
-        raise QuickdraftError("--head-loss trains the draft over its cut head: give --head-tokens between 1 and "
-                              f"{config.vocab_size - 1}")
+        raise QuickdraftError(f"{HEAD_LOSS_NEEDS_A_HEAD} (below {config.vocab_size}, the vocabulary)")
     train_head = None if head_ids is None else head_ids.to(device)
     summary = train_loop(
         draft,
