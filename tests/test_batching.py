@@ -330,6 +330,14 @@ def test_goodput_drafts_now_and_then_when_its_costs_keep_it_plain(engines, monke
         scheduler.step()
         chosen.append(scheduler.last_gamma)
     assert chosen == [0] * (2 * PROBE_EVERY)
+    # a probe drafts 2 tokens where goodput's best draft is 1: only then are its step and fixed costs timed apart
+    monkeypatch.setattr(scheduler, "_goodput_rates", lambda *args: [1000.0, 800.0, 700.0, 600.0])
+    scheduler._plain_streak, scheduler._probe_after = 0, PROBE_EVERY
+    chosen.clear()
+    for _ in range(PROBE_EVERY):
+        scheduler.step()
+        chosen.append(scheduler.last_gamma)
+    assert chosen == [0] * (PROBE_EVERY - 1) + [2]
     for request in requests:
         scheduler.cancel(request)
     scheduler.step()
@@ -360,6 +368,48 @@ def test_one_slow_measurement_counts_as_a_few_times_the_estimate():
     for _ in range(20):  # a machine that really got 5x slower is followed within a few steps
         estimate = decayed(estimate, 0.001)
     assert estimate == pytest.approx(0.001, rel=0.02)
+
+
+def test_goodput_plans_a_proposals_fixed_cost_once_and_its_steps_per_token(engines, monkeypatch):
+    """A proposal timed step by step (one native call) splits into c (the steps after the first) and
+    f (the rest, once per drafting step); goodput charges γc + f at γ >= 1 and nothing at γ = 0. A
+    proposal timed only as a whole counts per step, as before."""
+    scheduler = BatchScheduler(engines["related"], 4)
+    key = (1, False)
+    scheduler._observe_draft(key, 3e-4, 4, [2e-4, 2e-5, 2e-5, 2e-5])
+    assert scheduler._draft_cost[key] == pytest.approx(2e-5)
+    assert scheduler._draft_fixed[key] == pytest.approx(decayed(2e-5, 3e-4 - 4 * 2e-5))
+    scheduler._observe_draft(key, 2.2e-4, 1, [2.2e-4])  # one step: c stays, the rest is f
+    assert scheduler._draft_cost[key] == pytest.approx(2e-5)
+    assert scheduler._draft_fixed[key] == pytest.approx(decayed(decayed(2e-5, 2.2e-4), 2e-4))
+    untimed = (2, False)
+    scheduler._observe_draft(untimed, 3e-4, 4, None)
+    assert scheduler._draft_cost[untimed] == pytest.approx(7.5e-5) and untimed not in scheduler._draft_fixed
+    scheduler._observe_draft(untimed, 4e-3, 1, [3e-3])  # one step, nothing split yet: the whole proposal counts
+    assert scheduler._draft_cost[untimed] == pytest.approx(decayed(7.5e-5, 4e-3))
+    scheduler._observe_draft(untimed, 3e-4, 3, [2e-4, 2e-5, 2e-5])  # the first split replaces that estimate
+    assert scheduler._draft_cost[untimed] == pytest.approx(2e-5)
+
+    request = scheduler.submit(mixed_prompts(1)[0], 40, SamplingParams(), "auto")
+    monkeypatch.setattr(scheduler, "_target_seconds", lambda shape: 1e-3)
+    scheduler._draft_cost[key], scheduler._draft_fixed[key] = 1e-4, 3e-4
+    alpha = request.alpha
+    rates = scheduler._goodput_rates([(request, 3)], 0, len(request.tokens))
+    expected = [sum(alpha ** i for i in range(g + 1)) / (1e-3 + g * 1e-4 + (3e-4 if g else 0.0)) for g in range(4)]
+    assert rates == pytest.approx(expected)
+    scheduler.cancel(request)
+
+
+def test_a_batch_drafting_natively_measures_its_fixed_cost(engines):
+    scheduler = BatchScheduler(engines["related"], 4)
+    if scheduler.drafter.model.native is None:
+        pytest.skip("no native forward on this platform")
+    requests = [scheduler.submit(prompt, 16, SamplingParams(), 3) for prompt in mixed_prompts(3)]
+    while not scheduler.idle:
+        scheduler.step()
+    assert all(r.stats.num_drafts > 0 for r in requests)
+    assert scheduler._draft_fixed and all(f > 0 for f in scheduler._draft_fixed.values())
+    assert set(scheduler._draft_fixed) <= set(scheduler._draft_cost)
 
 
 @pytest.mark.parametrize("drafter", ["related", "early-exit:1"])

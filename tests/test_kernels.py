@@ -446,6 +446,8 @@ def test_a_batch_of_rejection_rule_drafts_draws_in_one_call_from_the_q_it_return
     requests = [DraftRequest(0, prompt, 3, drawn, sampler), DraftRequest(1, prompt, 3, greedy, sampler)]
     drafts = drafter.propose(requests, 2)
     assert len(calls) == 1 and drafts[1].q is None and drafts[1].tokens == lone_greedy
+    timed = [d.step_seconds for d in drafts if d.step_seconds is not None]  # the call's, once: each step's time
+    assert len(timed) == 1 and len(timed[0]) == 3 and all(0 < seconds < 1 for seconds in timed[0])
     q = drafts[0].q
     assert q is not None and q.shape == (3, drafter.vocab_limit) and len(drafts[0].tokens) == 3
     torch.testing.assert_close(q[0], reference[0], rtol=1e-4, atol=1e-6)

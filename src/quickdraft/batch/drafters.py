@@ -199,11 +199,12 @@ class _ModelDrafter(BatchDrafter):
                                                                           r.sampling, r.sampler, r.adjuster)
         needed = max(first[r.slot][1] + len(first[r.slot][0]) + r.k for r in active)
         fed = self._fed_features(active)
+        step_seconds = torch.empty(max(ks), dtype=torch.float64)
         drafted = model.native.draft_batch([first.get(slot) for slot in range(n_slots)], ks, self.vocab_limit, cache,
                                            window_bucket(needed, self.capacity), gumbel, temperatures, n_layers,
                                            uniforms, head_logits,
                                            None if fed is None else [fed.get(slot) for slot in range(n_slots)],
-                                           self.holds_features)
+                                           self.holds_features, step_seconds)
         by_slot = {r.slot: drafted[r.slot] for r in active}
         self._after_propose(active, by_slot)
         calls = max(ks)
@@ -214,6 +215,7 @@ class _ModelDrafter(BatchDrafter):
                                                                gumbel[r.slot])
             drafts[r.slot] = Draft(by_slot[r.slot], q, calls)
         drafts[active[0].slot].catch_up_seconds = catch_up_seconds  # the proposal's, counted once
+        drafts[active[0].slot].step_seconds = step_seconds.tolist()
         return drafts
 
     def _after_propose(self, active: list[DraftRequest], drafted: dict[int, list[int]]) -> None:
@@ -284,11 +286,13 @@ class BatchedDraftModel(_ModelDrafter):
         entry = self.cache.entry(request.slot)
         entry.length = self.length[request.slot]
         seconds = catch_up(self.model, entry, request.tokens)  # behind after steps without drafts
+        step_seconds = torch.empty(request.k, dtype=torch.float64)
         drafted, q = native_chain(self.model, entry, request.tokens, request.k, self.vocab_limit, request.sampling,
-                                  request.sampler, request.adjuster)
+                                  request.sampler, request.adjuster, step_seconds)
         self._after_propose([request], {request.slot: drafted})
         drafts = {r.slot: Draft([], None) for r in requests}
-        drafts[request.slot] = Draft(drafted, q, request.k, catch_up_seconds=seconds)
+        drafts[request.slot] = Draft(drafted, q, request.k, catch_up_seconds=seconds,
+                                     step_seconds=step_seconds.tolist())
         return [drafts[r.slot] for r in requests]
 
     def _after_propose(self, active: list[DraftRequest], drafted: dict[int, list[int]]) -> None:

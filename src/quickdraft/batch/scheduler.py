@@ -138,7 +138,10 @@ class BatchScheduler:
         self._planned_cost: dict[int, dict[int, float]] = {}  # slots -> rows -> the same, never dearer than more rows
         # (slots, any sequence drafting with q) -> seconds per draft step: the rejection rule's drafts add their
         # probabilities and draws, several times a greedy draft step's cost
-        self._draft_cost: dict[tuple[int, bool], float] = {}
+        self._draft_cost: dict[tuple[int, bool], float] = {}  # seconds per draft step (after the first)
+        # seconds a proposal costs beyond its steps (its first step's cold start, its Python), when the
+        # drafter times its steps apart (native draft calls); 0 for the others, whose per-step cost holds it
+        self._draft_fixed: dict[tuple[int, bool], float] = {}
         # The rest of a step: its Python (verify, commit, text) by slot bucket, and the seconds of a
         # sampled row's probabilities (they grow with γ). Goodput needs both: the fixed part is what
         # speculation spreads over more tokens (a lone greedy sequence: γ = 3 decoded 1.4x plain,
@@ -331,7 +334,10 @@ class BatchScheduler:
             return 0
         self._plain_streak = 0
         self._probe_after = min(2 * self._probe_after, MAX_PROBE_BACKOFF * PROBE_EVERY)
-        return drafting
+        # At least 2 tokens: a 1-token draft times its step and the proposal's fixed cost only
+        # together, and a step cost learned from such probes alone (it held the fixed cost: 1.1-4.5 ms
+        # against 0.07-0.09 for a 4-sequence draft step) kept goodput plain and its probes at 1 token.
+        return max(drafting, min(2, len(rates) - 1))
 
     def _goodput_rates(self, auto: list[tuple[BatchRequest, int]], fixed_max: int, longest: int) -> list[float]:
         """The batch's expected committed tokens per second at each γ from 0 up (goodput picks the
@@ -356,7 +362,8 @@ class BatchScheduler:
                     powers[i] *= alphas[i]
                     sampled_rows += sampled[i]
             shape = self._shape(1 + max(gamma, fixed_max), longest + max(gamma, fixed_max))
-            seconds = (self._target_seconds(shape) + gamma * self._draft_seconds(shape[0], weighing)
+            drafting = self._draft_fixed.get((shape[0], weighing), 0.0) if gamma else 0.0
+            seconds = (self._target_seconds(shape) + gamma * self._draft_seconds(shape[0], weighing) + drafting
                        + self._step_overhead.get(shape[0], 0.0) + sampled_rows * self._sampled_row_cost)
             rates.append(tokens / seconds)
             if gamma >= 2 and rates[-1] < rates[-2] < rates[-3]:
@@ -415,6 +422,26 @@ class BatchScheduler:
         return self._draft_cost.get((n_slots, sampled),
                                     DRAFT_COST_PRIOR * self._target_seconds((n_slots, 1, MIN_WINDOW)))
 
+    def _observe_draft(self, key: tuple[int, bool], seconds: float, calls: int, step_seconds: list[float] | None) -> None:
+        """A proposal's cost: ``calls`` draft steps in ``seconds``. With its steps timed apart, c is
+        the mean of the steps after the first and f the rest (as ``GammaController.observe``: after
+        the target's forward the draft's first step runs with its weights out of the caches, and a
+        proposal's Python comes once); else every second counts per step."""
+        if step_seconds and len(step_seconds) > 1:
+            later = step_seconds[1:]
+            # the first split measurement replaces an estimate that whole proposals made (it held their f)
+            known = self._draft_cost.get(key) if key in self._draft_fixed else None
+            step = self._draft_cost[key] = decayed(known, sum(later) / len(later))
+        elif step_seconds and key in self._draft_fixed:  # one step: what it cost beyond a step is f
+            step = self._draft_cost[key]
+        else:
+            self._draft_cost[key] = decayed(self._draft_cost.get(key), seconds / calls)
+            return
+        # the first estimate starts from one step's worth, so that one slow call counts at most
+        # COST_OUTLIER times that (as every cost estimate does)
+        beyond = max(0.0, seconds - step * len(step_seconds))
+        self._draft_fixed[key] = decayed(self._draft_fixed.get(key) or step, beyond)
+
     def _decode(self, ready: list[BatchRequest], events: list[tuple[BatchRequest, StreamEvent]]) -> None:
         started = time.perf_counter()
         lengths = self._draft_lengths(ready)
@@ -432,9 +459,9 @@ class BatchScheduler:
             calls = max(d.forward_calls for d in proposed)
             catch_up_seconds = sum(d.catch_up_seconds for d in proposed)
             if calls:  # a catch-up prefill is the cost of steps without drafts, not of drafting
-                per_call = (drafter_seconds - catch_up_seconds) / calls
                 key = (n_slots, any(weighs_draft(r) for r, _ in drafting))
-                self._draft_cost[key] = decayed(self._draft_cost.get(key), per_call)
+                timed = next((d.step_seconds for d in proposed if d.step_seconds), None)
+                self._observe_draft(key, drafter_seconds - catch_up_seconds, calls, timed)
         shape = self._shape(1 + max(len(d.tokens) for d in drafts), max(len(r.tokens) + len(d.tokens)
                                                                         for r, d in zip(ready, drafts)))
         n_slots, rows, window = shape

@@ -297,7 +297,7 @@ def draft_batch(tokens: torch.Tensor, positions: torch.Tensor, ks: list[int], wi
                 uniforms: list[torch.Tensor | None] | None = None,
                 logits_out: list[torch.Tensor | None] | None = None, input_features: torch.Tensor | None = None,
                 feature_proj: torch.Tensor | None = None, features_out: torch.Tensor | None = None,
-                hold_features: bool = False) -> torch.Tensor:
+                hold_features: bool = False, step_seconds: torch.Tensor | None = None) -> torch.Tensor:
     """``draft_greedy`` for a batch: sequence b feeds tokens[b] (its real rows last, front padding at
     scratch positions) and drafts ks[b] tokens, each step one [B, rows] forward over cache slots
     [0, window) -> int64 [B, max(ks)], -1 past a sequence's own count. ``gumbel[b]`` [ks[b], V]
@@ -305,7 +305,8 @@ def draft_batch(tokens: torch.Tensor, positions: torch.Tensor, ks: list[int], wi
     (float64) draws sequence b's tokens from softmax(logit / T + gumbel[b]) instead, and
     ``logits_out[b]`` [ks[b], head rows] (float32) receives its steps' logits. A feature draft passes
     ``input_features`` [B * T, E] of the fed rows, ``feature_proj`` and ``features_out`` [B, slots, E],
-    as for ``draft_greedy``."""
+    as for ``draft_greedy``. ``step_seconds`` [max(ks)] (float64) receives each batched step's time,
+    the first's from the call's start."""
     ids = torch.empty(0, dtype=torch.long) if head_ids is None else head_ids
     none = [None] * len(ks)
     uniforms, logits_out = uniforms or none, logits_out or none
@@ -318,7 +319,8 @@ def draft_batch(tokens: torch.Tensor, positions: torch.Tensor, ks: list[int], wi
                                             intermediate, vocab, eps, ids, noise, inverse, draws, kept,
                                             _NO_TENSOR if input_features is None else input_features,
                                             _NO_TENSOR if feature_proj is None else feature_proj,
-                                            _NO_TENSOR if features_out is None else features_out, hold_features)
+                                            _NO_TENSOR if features_out is None else features_out, hold_features,
+                                            _NO_SECONDS if step_seconds is None else step_seconds)
 
 
 def nucleus_keep(probs: torch.Tensor, top_p: float, margin: float) -> torch.Tensor:

@@ -1364,7 +1364,10 @@ at::Tensor draft_batch_native(const at::Tensor& tokens, const at::Tensor& positi
                               double eps, const at::Tensor& head_ids, at::TensorList gumbel,
                               at::ArrayRef<double> inverse_temperatures, at::TensorList uniforms,
                               at::TensorList logits_out, const at::Tensor& input_features,
-                              const at::Tensor& feature_proj, const at::Tensor& features_out, bool hold_features) {
+                              const at::Tensor& feature_proj, const at::Tensor& features_out, bool hold_features,
+                              const at::Tensor& step_seconds) {
+  using Clock = std::chrono::steady_clock;
+  auto mark = Clock::now();
   const int64_t batch = tokens.size(0), capacity = keys[0].size(2);
   TORCH_CHECK(input_features.numel() == 0 || features_out.numel() > 0,
               "draft_batch: a feature draft writes the features it feeds back to features_out");
@@ -1379,6 +1382,10 @@ at::Tensor draft_batch_native(const at::Tensor& tokens, const at::Tensor& positi
   const at::Tensor k_per = ks.contiguous();
   const auto* k = k_per.data_ptr<int64_t>();
   const int64_t k_max = *std::max_element(k, k + batch);
+  TORCH_CHECK(step_seconds.numel() == 0 || (step_seconds.numel() == k_max && step_seconds.scalar_type() == at::kDouble &&
+                                           step_seconds.is_contiguous()),
+              "draft_batch: step_seconds is a contiguous float64 [max ks] tensor");
+  double* step_times = step_seconds.numel() ? step_seconds.data_ptr<double>() : nullptr;
   std::vector<at::Tensor> noise(batch);
   for (int64_t b = 0; b < batch; ++b) {
     TORCH_CHECK(gumbel[b].numel() == 0 || (gumbel[b].dim() == 2 && gumbel[b].size(0) == k[b] &&
@@ -1440,6 +1447,11 @@ at::Tensor draft_batch_native(const at::Tensor& tokens, const at::Tensor& positi
         feeding = true;
       }
     }
+    if (step_times) {  // each step's time: the first also feeds what the call was given
+      const auto now = Clock::now();
+      step_times[i] = std::chrono::duration<double>(now - mark).count();
+      mark = now;
+    }
     if (!feeding) break;
     feed = next;
     at_positions = next_positions;
@@ -1454,13 +1466,13 @@ at::Tensor draft_batch(const at::Tensor& tokens, const at::Tensor& positions, co
                        int64_t head_dim, int64_t intermediate, int64_t vocab, double eps, const at::Tensor& head_ids,
                        at::TensorList gumbel, at::ArrayRef<double> inverse_temperatures, at::TensorList uniforms,
                        at::TensorList logits_out, const at::Tensor& input_features, const at::Tensor& feature_proj,
-                       const at::Tensor& features_out, bool hold_features) {
+                       const at::Tensor& features_out, bool hold_features, const at::Tensor& step_seconds) {
   return by_weight_dtype("draft_batch", weights[0], cos, [&](auto element) {
     return draft_batch_native<decltype(element)>(tokens, positions, ks, window, vocab_limit, cos, signed_sin, keys,
                                                  values, weights, n_layers, n_head, n_kv, head_dim, intermediate,
                                                  vocab, eps, head_ids, gumbel, inverse_temperatures, uniforms,
                                                  logits_out, input_features, feature_proj, features_out,
-                                                 hold_features);
+                                                 hold_features, step_seconds);
   });
 }
 
@@ -1695,7 +1707,7 @@ TORCH_LIBRARY(quickdraft, m) {
         "Tensor signed_sin, Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, "
         "int n_kv, int head_dim, int intermediate, int vocab, float eps, Tensor head_ids, Tensor[] gumbel, "
         "float[] inverse_temperatures, Tensor[] uniforms, Tensor(c!)[] logits_out, Tensor input_features, "
-        "Tensor feature_proj, Tensor(d!) features_out, bool hold_features) -> Tensor");
+        "Tensor feature_proj, Tensor(d!) features_out, bool hold_features, Tensor(e!) step_seconds) -> Tensor");
   m.def("nucleus_keep(Tensor probs, float top_p, float margin) -> Tensor");
   m.def("exponential_noise(Tensor keys, int vocab) -> Tensor");
   m.def("nucleus_race(Tensor probs, Tensor noise, float top_p, float margin) -> Tensor");

@@ -145,7 +145,8 @@ class NativeForward:
                     window: int, gumbel: list[torch.Tensor | None], temperatures: list[float],
                     n_layers: int | None = None, uniforms: list[torch.Tensor | None] | None = None,
                     logits_out: list[torch.Tensor | None] | None = None,
-                    features: list[torch.Tensor | None] | None = None, hold_features: bool = False) -> list[list[int]]:
+                    features: list[torch.Tensor | None] | None = None, hold_features: bool = False,
+                    step_seconds: torch.Tensor | None = None) -> list[list[int]]:
         """``draft_greedy`` for the first B = len(feeds) entries of ``cache`` in one C++ call: entry b
         feeds ``feeds[b]`` = (tokens, position of the first), or nothing (None), then drafts ks[b]
         tokens, greedily or, with ``gumbel[b]`` [ks[b], V], raced at ``temperatures[b]``. Every
@@ -154,7 +155,8 @@ class NativeForward:
         past any sequence's data. ``n_layers``: the first layers only (early exit). ``uniforms[b]``
         [ks[b]] draws entry b's tokens instead (``draft_greedy``'s draw), ``logits_out[b]`` receives
         its steps' logits. A feature draft passes ``features[b]`` [len(feeds[b][0]), E] for entry b's fed
-        tokens (``draft_greedy``'s ``input_features``; ``hold_features`` likewise)."""
+        tokens (``draft_greedy``'s ``input_features``; ``hold_features`` likewise). ``step_seconds``
+        [max(ks)] float64 receives each batched step's time."""
         head_ids = self.model.head_ids
         if head_ids is not None:
             vocab_limit = int(torch.searchsorted(head_ids, vocab_limit))
@@ -185,5 +187,5 @@ class NativeForward:
             temperatures, uniforms, logits_out,
             None if input_features is None else input_features.view(-1, input_features.shape[-1]),
             None if features is None else packed(self.model.fuse_feature),
-            None if features is None else entries.features, hold_features)
+            None if features is None else entries.features, hold_features, step_seconds)
         return [row[:k] for row, k in zip(drafted.tolist(), ks)]
