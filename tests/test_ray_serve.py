@@ -80,12 +80,15 @@ def wait_for_healthy(url: str, count: int, timeout_s: float = 120, excluding_pid
 def busy_replica(url: str, timeout_s: float = 30) -> int:
     """The pid of a replica with requests running or queued (the busiest)."""
     deadline = time.monotonic() + timeout_s
+    probes = []  # seconds each /health took: a slow fan-out can outlast the requests it should see
     while True:
+        start = time.monotonic()
         each = httpx.get(url + "/health", timeout=30).json()["replicas"]["each"]
+        probes.append(round(time.monotonic() - start, 2))
         busiest = max(each, key=lambda r: r["running"] + r["queued"])
         if busiest["running"] + busiest["queued"] > 0:
             return busiest["pid"]
-        assert time.monotonic() < deadline, f"no replica has a request in flight: {each}"
+        assert time.monotonic() < deadline, f"no replica has a request in flight: {each}; /health took {probes[:20]} s"
         time.sleep(0.05)
 
 
@@ -147,10 +150,11 @@ def test_a_killed_replica_loses_no_request_that_had_not_started_streaming(ray_se
             return "cut:" + text
         return text
 
-    # Three requests per prompt: more than both replicas' batches hold (2 x 4), so that requests are still
-    # running or queued on each replica when one is killed, however fast this machine decodes them.
-    with concurrent.futures.ThreadPoolExecutor(3 * len(PROMPTS) + 2) as pool:
-        whole_runs = [(p, pool.submit(whole, p)) for p in PROMPTS * 3]
+    # Five requests per prompt: far more than both replicas' batches hold (2 x 4), so that requests are
+    # still running or queued on each replica when one is killed, however fast this machine decodes them
+    # (with three, twice in fresh clones' suites all 20 had finished before /health saw one in flight).
+    with concurrent.futures.ThreadPoolExecutor(5 * len(PROMPTS) + 2) as pool:
+        whole_runs = [(p, pool.submit(whole, p)) for p in PROMPTS * 5]
         stream_runs = {p: pool.submit(streamed, p) for p in PROMPTS[:2]}
         assert streaming.wait(timeout=120)
         time.sleep(0.2)  # every request is running or queued on a replica
