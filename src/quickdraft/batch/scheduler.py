@@ -136,9 +136,10 @@ class BatchScheduler:
         self.active: list[BatchRequest] = []  # active[i].slot == i
         self._target_cost: dict[tuple[int, int], float] = {}  # (slots, rows) -> seconds
         self._planned_cost: dict[int, dict[int, float]] = {}  # slots -> rows -> the same, never dearer than more rows
-        # (slots, any sequence drafting with q) -> seconds per draft step: the rejection rule's drafts add their
-        # probabilities and draws, several times a greedy draft step's cost
-        self._draft_cost: dict[tuple[int, bool], float] = {}  # seconds per draft step (after the first)
+        # (slots, any sequence drafting with q) -> seconds per draft step (after the first, where steps are
+        # timed apart): the rejection rule's drafts add their probabilities and draws, several times a greedy
+        # draft step's cost
+        self._draft_cost: dict[tuple[int, bool], float] = {}
         # seconds a proposal costs beyond its steps (its first step's cold start, its Python), when the
         # drafter times its steps apart (native draft calls); 0 for the others, whose per-step cost holds it
         self._draft_fixed: dict[tuple[int, bool], float] = {}
@@ -362,8 +363,8 @@ class BatchScheduler:
                     powers[i] *= alphas[i]
                     sampled_rows += sampled[i]
             shape = self._shape(1 + max(gamma, fixed_max), longest + max(gamma, fixed_max))
-            drafting = self._draft_fixed.get((shape[0], weighing), 0.0) if gamma else 0.0
-            seconds = (self._target_seconds(shape) + gamma * self._draft_seconds(shape[0], weighing) + drafting
+            proposal = self._draft_fixed.get((shape[0], weighing), 0.0) if gamma else 0.0
+            seconds = (self._target_seconds(shape) + gamma * self._draft_seconds(shape[0], weighing) + proposal
                        + self._step_overhead.get(shape[0], 0.0) + sampled_rows * self._sampled_row_cost)
             rates.append(tokens / seconds)
             if gamma >= 2 and rates[-1] < rates[-2] < rates[-3]:
