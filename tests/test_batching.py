@@ -3,6 +3,8 @@ batch and whenever it joined (exact mode); sampling stays exact through the batc
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -309,6 +311,56 @@ def test_the_clock_weighs_each_arm_by_goodputs_prediction_for_this_batch():
     assert arms.choose({"goodput": 1500.0, "plain": 1000.0}) == "plain"
 
 
+def test_the_clock_explores_a_settled_choice_ever_more_rarely_and_soon_again_after_a_change():
+    arms = MeasuredArms(("fast", "slow"), first_tries=1, explore_every=4, max_explore_every=16)
+    speed = {"fast": 2.0, "slow": 1.0}  # tokens per second
+
+    def run(steps: int) -> list[str]:
+        chosen = []
+        for _ in range(steps):
+            chosen.append(arms.choose())
+            arms.observe(chosen[-1], speed[chosen[-1]], 1.0)
+        return chosen
+
+    chosen = run(60)
+    explored = [i for i, arm in enumerate(chosen) if arm == "slow"]
+    assert explored[:2] == [1, 3]  # its first try, then the first exploration, explore_every - 1
+    assert np.diff(explored[1:]).tolist() == [8, 16, 16, 16]  # each one that changed nothing doubles the wait
+    speed["slow"] = 40.0
+    chosen = run(40)
+    switched = chosen.index("slow")
+    assert chosen[switched + 1] == "slow"  # the exploration made it the leader
+    assert "fast" in chosen[switched + 1: switched + 1 + 4]  # the old leader is checked again explore_every on
+
+
+def test_a_drafting_step_after_plain_ones_pays_the_drafts_catch_up_on_the_clock(engines, monkeypatch):
+    scheduler = engines["related"].batch_scheduler(4)
+    monkeypatch.setattr(scheduler, "_goodput_rates", lambda *args: [1000.0, 1200.0, 1300.0, 1500.0])
+    clock = iter(["plain"] * 12 + ["goodput"] * 100)
+    monkeypatch.setattr(MeasuredArms, "choose", lambda self, weights=None: next(clock))
+    observed: list[tuple[str, float]] = []
+    observe = MeasuredArms.observe
+    monkeypatch.setattr(MeasuredArms, "observe", lambda self, arm, tokens, seconds: (
+        observed.append((arm, seconds)), observe(self, arm, tokens, seconds)))
+    catch_up = scheduler.drafter._catch_up
+
+    def slow_catch_up(active):  # a catch-up that takes 0.2 s more than the tiny draft's does
+        seconds = catch_up(active)
+        if seconds:
+            time.sleep(0.2)
+        return seconds + 0.2 if seconds else 0.0
+
+    monkeypatch.setattr(scheduler.drafter, "_catch_up", slow_catch_up)
+    for prompt in mixed_prompts(3):
+        scheduler.submit(prompt, 200, SamplingParams(), "auto")
+    for _ in range(16):
+        scheduler.step()
+    arms = [arm for arm, _ in observed]
+    assert arms == ["plain"] * 12 + ["goodput"] * 4
+    assert observed[12][1] >= 0.2  # the first drafting step caught the draft up on 12 plain steps' tokens
+    assert all(seconds < 0.2 for _, seconds in observed[13:])  # the next ones had nothing to catch up
+
+
 def test_goodput_drafts_now_and_then_when_its_costs_keep_it_plain(engines, monkeypatch):
     scheduler = engines["related"].batch_scheduler(4)
     # plain is best, γ = 2 the best draft
@@ -338,6 +390,29 @@ def test_goodput_drafts_now_and_then_when_its_costs_keep_it_plain(engines, monke
         scheduler.step()
         chosen.append(scheduler.last_gamma)
     assert chosen == [0] * (PROBE_EVERY - 1) + [2]
+    for request in requests:
+        scheduler.cancel(request)
+    scheduler.step()
+
+
+def test_probes_back_off_while_the_clock_keeps_plain_steps_that_goodput_would_draft(engines, monkeypatch):
+    scheduler = engines["related"].batch_scheduler(4)
+    steps = iter(range(10**6))
+    # goodput's best is plain, but γ = 2 on every 10th step, where the clock keeps plain
+    monkeypatch.setattr(scheduler, "_goodput_rates", lambda *args: [
+        1000.0, 500.0, 1100.0 if next(steps) % 10 == 9 else 800.0, 600.0])
+    monkeypatch.setattr(MeasuredArms, "choose", lambda self, weights=None: "plain")
+    scheduler._plain_streak, scheduler._probe_after = 0, PROBE_EVERY
+    requests = [scheduler.submit(prompt, 300, SamplingParams(), "auto") for prompt in mixed_prompts(3)]
+    chosen = []
+    for _ in range(16 * PROBE_EVERY):
+        scheduler.step()
+        chosen.append(scheduler.last_gamma)
+    probes = [i for i, gamma in enumerate(chosen) if gamma]
+    # the clock's plain steps count in the streak and leave the wait doubling (it used to start again
+    # from PROBE_EVERY each time, so such a batch probed every few dozen steps)
+    # (step 15 x 16 - 1 = 239 is one where goodput drafts and the clock keeps plain: a probe waits for the next)
+    assert probes == [PROBE_EVERY - 1, 3 * PROBE_EVERY - 1, 7 * PROBE_EVERY - 1, 15 * PROBE_EVERY]
     for request in requests:
         scheduler.cancel(request)
     scheduler.step()

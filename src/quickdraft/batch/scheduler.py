@@ -65,6 +65,8 @@ MAX_PROBE_BACKOFF = 16
 # Only a drafting γ that goodput predicts within this fraction of plain's rate is probed: farther off,
 # estimates capped at COST_OUTLIER x cannot be what hides a gain (32 sequences: probes cost 1.6%).
 PROBE_WITHIN = 0.75
+# The clock's settled choice is checked every 32 steps at first, at most every MAX_EXPLORE_EVERY.
+MAX_EXPLORE_EVERY = 256
 DRAFT_COST_PRIOR = 0.3  # a draft step's cost relative to a plain target step, until measured
 # The arms of the clock's check on goodput: its γ, or plain batched decoding.
 GOODPUT, PLAIN = "goodput", "plain"
@@ -156,8 +158,8 @@ class BatchScheduler:
         self._speculation_arms: dict[int, MeasuredArms] = {}
         self.acceptance_memory = AcceptanceMemory()  # per kind of request, for a new request's estimate
         self._arm: tuple[int, str, float] | None = None  # (slot bucket, arm, goodput's predicted tokens/s)
-        self._plain_streak = 0  # consecutive steps goodput chose plain decoding while drafts were possible
-        self._probe_after = PROBE_EVERY  # plain choices before the next drafting probe (backs off)
+        self._plain_streak = 0  # consecutive plain steps of auto requests (goodput's or the clock's choice)
+        self._probe_after = PROBE_EVERY  # plain steps before the next drafting probe (backs off)
         self.last_gamma = 0
         self.last_batch = 0
 
@@ -296,10 +298,9 @@ class BatchScheduler:
         if auto:
             rates = self._goodput_rates(auto, max((f for f in fixed if f is not None), default=0), longest)
             gamma = max(range(len(rates)), key=rates.__getitem__)
-            probe = self._probe(gamma, rates)
-            gamma = probe or gamma
             bucket = slot_bucket(len(self.active), self.max_batch)
-            arms = self._speculation_arms.setdefault(bucket, MeasuredArms((GOODPUT, PLAIN)))
+            arms = self._speculation_arms.setdefault(bucket, MeasuredArms((GOODPUT, PLAIN),
+                                                                          max_explore_every=MAX_EXPLORE_EVERY))
             # The clock measures how far each arm's steps beat or miss goodput's own prediction for
             # them (its efficiency), and the arms are weighed by prediction x efficiency: raw rates
             # measured at different times compare different batches (1 client: a greedy request's
@@ -309,31 +310,32 @@ class BatchScheduler:
             # A lone sequence is goodput's alone, as the lone engine trusts its γ controller: there the
             # clock flipped between the arms on a near tie (coupled T = 0.8: plain on ~45% of steps),
             # and every switch back to drafting paid the draft's catch-up, which neither arm's clock
-            # counts: 0.85-0.89x the lone engine's tokens/s, 0.93-0.98x without the clock.
+            # counted then: 0.85-0.89x the lone engine's tokens/s, 0.93-0.98x without the clock.
             if gamma == 0:
-                arm = PLAIN
+                gamma = self._probe(rates)
+                arm = GOODPUT if gamma else PLAIN
             else:
-                arm = GOODPUT if probe or bucket == 1 else arms.choose({GOODPUT: rates[gamma], PLAIN: rates[0]})
-            if arm == PLAIN:
-                gamma = 0
+                arm = GOODPUT if bucket == 1 else arms.choose({GOODPUT: rates[gamma], PLAIN: rates[0]})
+                if arm == PLAIN:
+                    gamma = 0
+                elif not arms.exploring:  # drafting leads again: a later plain streak probes from the shortest wait
+                    self._probe_after = PROBE_EVERY
+            self._plain_streak = 0 if gamma else self._plain_streak + 1
             self._arm = (bucket, str(arm), rates[gamma])
         self.last_gamma = gamma
         return [f if f is not None else min(gamma, c) for f, c in zip(fixed, caps)]
 
-    def _probe(self, gamma: int, rates: list[float]) -> int:
-        """Goodput's best drafting γ when it should run this step although goodput chose ``gamma``,
-        else 0. Goodput plans with costs that only drafting steps measure again: after PROBE_EVERY plain
-        choices its best drafting γ runs once, as the lone engine's auto γ probes. Each probe that
-        leaves goodput plain doubles the wait (up to MAX_PROBE_BACKOFF x): a large batch, where plain
-        is right, pays a probe's catch-up for every sequence."""
+    def _probe(self, rates: list[float]) -> int:
+        """Goodput's best drafting γ when it should run this step although goodput chose plain, else 0.
+        Goodput plans with costs that only drafting steps measure again: after PROBE_EVERY plain steps
+        (goodput's or the clock's choice) its best drafting γ runs once, as the lone engine's auto γ
+        probes. Each probe doubles the wait (up to MAX_PROBE_BACKOFF x) until drafting is chosen
+        again: a large batch, where plain is right, pays a probe's catch-up for every sequence. The
+        wait once reset whenever goodput's choice flipped to drafting and the clock kept plain, and
+        16 sequences probed every ~80 steps."""
         drafting = max(range(1, len(rates)), key=rates.__getitem__, default=0)
-        if gamma != 0 or not drafting or rates[drafting] < PROBE_WITHIN * rates[0]:
-            self._plain_streak, self._probe_after = 0, PROBE_EVERY
+        if not drafting or rates[drafting] < PROBE_WITHIN * rates[0] or self._plain_streak + 1 < self._probe_after:
             return 0
-        self._plain_streak += 1
-        if self._plain_streak < self._probe_after:
-            return 0
-        self._plain_streak = 0
         self._probe_after = min(2 * self._probe_after, MAX_PROBE_BACKOFF * PROBE_EVERY)
         # At least 2 tokens: a 1-token draft times its step and the proposal's fixed cost only
         # together, and a step cost learned from such probes alone (it held the fixed cost: 1.1-4.5 ms
@@ -494,14 +496,14 @@ class BatchScheduler:
         for r in [r for r in ready if r.output.done]:  # after every commit: leaving moves other slots
             self._finish(r, events)
         if self._arm is not None:
-            # The draft's catch-up on tokens that plain steps committed is the cost of switching
-            # between the arms, not of either's steps: in this step's time, it made drafting after
-            # plain steps look slow, so plain ran more (1 client: 0.8x of the lone engine, which
-            # drafts at almost every step); charged to plain, it made plain look slow at 32 sequences.
+            # The draft's catch-up on tokens that plain steps committed is the price of switching to
+            # drafting, and the drafting step pays it: left out, 16 sequences drafted on ~1 step in
+            # 30 at ~0.7x plain's rate once the catch-up counted (a clock tie that is no tie). A lone
+            # sequence, where the clock does not choose, drafts at almost every step.
             bucket, arm, predicted_rate = self._arm
             arms = self._speculation_arms[bucket]
             committed = sum(n + 1 for n, _ in verdicts)  # observed as the seconds goodput predicted for them
-            arms.observe(arm, committed / predicted_rate, time.perf_counter() - started - catch_up_seconds)
+            arms.observe(arm, committed / predicted_rate, time.perf_counter() - started)
         overhead = time.perf_counter() - started - target_seconds - drafter_seconds - probability_seconds
         self._step_overhead[n_slots] = decayed(self._step_overhead.get(n_slots), overhead)
 
