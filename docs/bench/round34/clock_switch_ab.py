@@ -4,9 +4,9 @@ ever more rarely (every 32 steps doubling up to 256), and goodput's probes keep 
 clock keeps plain steps goodput would draft — against round 33's (catch-up left out, an exploring
 step every 32, the probes' wait reset whenever goodput chose to draft), and plain, in one process.
 
-    .venv/bin/python docs/bench/round34/clock_switch_ab.py [--clients 4,16,32] [--rounds 5] [--seconds 6]
+    .venv/bin/python docs/bench/round34/clock_switch_ab.py [--clients 4,16,32] [--rounds 5] [--seconds 6] [--max-tokens 64]
 
-The embedded pair (bf16, 1 thread, the default drafter), ``--clients`` requests of 64 tokens kept
+The embedded pair (bf16, 1 thread, the default drafter), ``--clients`` requests of 64 tokens (``--max-tokens``) kept
 running, half greedy and half seeded T = 0.8 / top-p 0.95 (``round33/batch_split_cost_ab.py``'s
 load). Arms alternate within each round (the first round is dropped); prints each arm's median
 tokens/s, its ratio to plain, the steps run at each γ and how many drafting steps followed a plain one.
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "round33"))
 from batch_split_cost_ab import GREEDY, SAMPLED  # noqa: E402
 
 from quickdraft.assets import default_draft_path, default_target_path  # noqa: E402
-from quickdraft.batch.scheduler import PROBE_WITHIN, BatchScheduler  # noqa: E402
+from quickdraft.batch.scheduler import GOODPUT, MAX_EXPLORE_EVERY, PLAIN, PROBE_WITHIN, BatchScheduler  # noqa: E402
 from quickdraft.bench.load import TEXT_PROMPTS  # noqa: E402
 from quickdraft.engine import PROBE_EVERY, Engine  # noqa: E402
 from quickdraft.measured_arms import MeasuredArms  # noqa: E402
@@ -58,10 +58,12 @@ def round33_clock(scheduler: BatchScheduler, *, charge_catch_up: bool, backoff: 
         def observe(self, arm, tokens, seconds):
             super().observe(arm, tokens, seconds if charge_catch_up else seconds - catch_up[0])
 
-    class Buckets(dict):
-        def setdefault(self, bucket, default=None):
-            if bucket not in self:
-                self[bucket] = Clock(default.arms, max_explore_every=default.max_explore_every)
+    class Buckets(dict):  # the scheduler makes a bucket's clock when get() finds none
+        def __missing__(self, bucket):
+            self[bucket] = Clock((GOODPUT, PLAIN), max_explore_every=MAX_EXPLORE_EVERY)
+            return self[bucket]
+
+        def get(self, bucket, default=None):
             return self[bucket]
 
     goodput_rates = scheduler._goodput_rates
@@ -81,12 +83,12 @@ def round33_clock(scheduler: BatchScheduler, *, charge_catch_up: bool, backoff: 
 
 
 def steady_load(scheduler: BatchScheduler, prompts: list[list[int]], clients: int, gamma: int | str,
-                seconds: float, gammas: collections.Counter) -> float:
+                seconds: float, gammas: collections.Counter, max_tokens: int) -> float:
     submitted = 0
 
     def submit() -> None:
         nonlocal submitted
-        scheduler.submit(prompts[submitted % len(prompts)], 64, (GREEDY, SAMPLED)[(submitted // 2) % 2], gamma)
+        scheduler.submit(prompts[submitted % len(prompts)], max_tokens, (GREEDY, SAMPLED)[(submitted // 2) % 2], gamma)
         submitted += 1
 
     for _ in range(clients):
@@ -113,6 +115,7 @@ def main() -> None:
     parser.add_argument("--clients", default="4,16,32")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per request (the load test's: 32)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     variants = {"round34": None, "round33": (False, False, False)}
@@ -130,11 +133,12 @@ def main() -> None:
         gammas: dict[str, collections.Counter] = {name: collections.Counter() for name, _, _ in arms}
         for round_ in range(args.rounds + 1):
             for name, which, gamma in (arms if round_ % 2 == 0 else arms[::-1]):
-                rate = steady_load(schedulers[which], prompts, clients, gamma, args.seconds, gammas[name])
+                rate = steady_load(schedulers[which], prompts, clients, gamma, args.seconds, gammas[name],
+                                   args.max_tokens)
                 if round_:
                     rates[name].append(rate)
         plain = statistics.median(rates["plain"])
-        print(f"## {clients} clients, {args.rounds} rounds of {args.seconds:.0f} s per arm")
+        print(f"## {clients} clients, {args.max_tokens}-token requests, {args.rounds} rounds of {args.seconds:.0f} s per arm")
         for name, values in rates.items():
             counts = gammas[name]
             after_plain = counts.pop("after plain")

@@ -299,8 +299,9 @@ class BatchScheduler:
             rates = self._goodput_rates(auto, max((f for f in fixed if f is not None), default=0), longest)
             gamma = max(range(len(rates)), key=rates.__getitem__)
             bucket = slot_bucket(len(self.active), self.max_batch)
-            arms = self._speculation_arms.setdefault(bucket, MeasuredArms((GOODPUT, PLAIN),
-                                                                          max_explore_every=MAX_EXPLORE_EVERY))
+            arms = self._speculation_arms.get(bucket)
+            if arms is None:
+                arms = self._speculation_arms[bucket] = MeasuredArms((GOODPUT, PLAIN), max_explore_every=MAX_EXPLORE_EVERY)
             # The clock measures how far each arm's steps beat or miss goodput's own prediction for
             # them (its efficiency), and the arms are weighed by prediction x efficiency: raw rates
             # measured at different times compare different batches (1 client: a greedy request's
@@ -497,8 +498,8 @@ class BatchScheduler:
             self._finish(r, events)
         if self._arm is not None:
             # The draft's catch-up on tokens that plain steps committed is the price of switching to
-            # drafting, and the drafting step pays it: left out, 16 sequences drafted on ~1 step in
-            # 30 at ~0.7x plain's rate once the catch-up counted (a clock tie that is no tie). A lone
+            # drafting, and the drafting step pays it: left out, the clock saw near ties where 16
+            # sequences' drafting steps after plain ones ran at 0.55-0.7x plain's rate. A lone
             # sequence, where the clock does not choose, drafts at almost every step.
             bucket, arm, predicted_rate = self._arm
             arms = self._speculation_arms[bucket]
