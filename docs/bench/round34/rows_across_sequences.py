@@ -6,7 +6,11 @@ fixed (one sequence verifying R rows against S sequences of one row each), the e
 
 Prints the median ms of each shape. The gap between [1, N] and [N, 1] is what a row costs more when it
 belongs to another sequence: per (sequence, layer, key-value head), the attention kernel (``attend_group``)
-widens that sequence's keys and values over its visible span and transposes the keys, whatever its row count.
+widens that sequence's keys over its visible span and transposes them, whatever its row count (and, before
+round 34's last change, widened its values too; a sequence with one row now reads them in place).
+
+Paired with an older build: ``PYTHONPATH=/tmp/old/src .venv/bin/python docs/bench/round34/rows_across_sequences.py``
+(a worktree of the older commit), alternating.
 """
 
 from __future__ import annotations

@@ -742,17 +742,24 @@ constexpr const ScoreBlocks* kScoreBlocks[3] = {kScoreBlocksFor<1>, kScoreBlocks
 
 // sums[h] (chunks of kLanes from chunk e0) += the weighted values of the listed slots, slot after
 // slot in list order, for Heads heads sharing the list (the query heads of one step row), Chunks
-// chunks of lanes at a time.
-template <int Heads, int Chunks>
-void weigh_values(const float* const* weights, const int32_t* list, int64_t n, const float* vf, int64_t stride,
+// chunks of lanes at a time. Value rows are ``row`` elements apart: bf16 read in place from the cache
+// (row = d), widened on load with lanes past a row's end zero, or fp32 rows of whole chunks (a widened
+// copy padded with zeros, or the cache's own when d is whole chunks): the same numbers, so the same sums.
+template <int Heads, int Chunks, typename T>
+void weigh_values(const float* const* weights, const int32_t* list, int64_t n, const T* values, int64_t row,
                   int64_t e0, float* const* sums) {
   V acc[Heads * Chunks];
   for (int h = 0; h < Heads; ++h)
     for (int c = 0; c < Chunks; ++c) acc[h * Chunks + c] = Simd::load(sums[h] + e0 + c * kLanes);
   for (int64_t j = 0; j < n; ++j) {
-    const float* v = vf + list[j] * stride + e0;
+    const T* v = values + list[j] * row + e0;
     V vs[Chunks];
-    for (int c = 0; c < Chunks; ++c) vs[c] = Simd::load(v + c * kLanes);
+    for (int c = 0; c < Chunks; ++c) {
+      if constexpr (std::is_same_v<T, float>)  // whole chunks (a widened copy, or fp32 rows of them)
+        vs[c] = Simd::load(v + c * kLanes);
+      else
+        vs[c] = Simd::load(v + c * kLanes, row - e0 - c * kLanes);
+    }
     for (int h = 0; h < Heads; ++h) {
       const V w = Simd::set1(weights[h][j]);
       for (int c = 0; c < Chunks; ++c) acc[h * Chunks + c] = Simd::fmadd(w, vs[c], acc[h * Chunks + c]);
@@ -762,15 +769,17 @@ void weigh_values(const float* const* weights, const int32_t* list, int64_t n, c
     for (int c = 0; c < Chunks; ++c) Simd::store(sums[h] + e0 + c * kLanes, acc[h * Chunks + c]);
 }
 
-using WeighValues = void (*)(const float* const*, const int32_t*, int64_t, const float*, int64_t, int64_t,
-                             float* const*);
-template <int Heads>
-constexpr WeighValues kWeighValuesFor[4] = {weigh_values<Heads, 1>, weigh_values<Heads, 2>, weigh_values<Heads, 3>,
-                                            weigh_values<Heads, 4>};
-constexpr const WeighValues* kWeighValues[3] = {kWeighValuesFor<1>, kWeighValuesFor<2>, kWeighValuesFor<3>};
+template <typename T>
+using WeighValues = void (*)(const float* const*, const int32_t*, int64_t, const T*, int64_t, int64_t, float* const*);
+template <typename T, int Heads>
+constexpr WeighValues<T> kWeighValuesFor[4] = {weigh_values<Heads, 1, T>, weigh_values<Heads, 2, T>,
+                                               weigh_values<Heads, 3, T>, weigh_values<Heads, 4, T>};
+template <typename T>
+constexpr const WeighValues<T>* kWeighValues[3] = {kWeighValuesFor<T, 1>, kWeighValuesFor<T, 2>, kWeighValuesFor<T, 3>};
 
 // Every query row that shares one key/value head: the step's rows x the group's query heads. The
-// head's keys are widened and transposed once for them all, its values widened once; then each step
+// head's keys are widened and transposed once for them all, its values widened once where several rows
+// read them (one row reads them in place: widening them cost it more than it saved); then each step
 // row lists its visible slots once for its query heads, which score every slot block up to its last
 // visible slot, keep the listed slots' scores in list order, and take their softmax: the maximum,
 // e^(s - max) lane by lane, the denominator summed kLanes lanes at a time in list order and then
@@ -781,7 +790,7 @@ template <typename T>
 void attend_group(const AttentionLayout& a, int64_t b, int64_t kv, const T* q, const T* keys,
                   const T* values, const bool* mask, T* out) {
   const int64_t group = a.n_head / a.n_kv, c = a.c, d = a.d;
-  const int64_t chunks = (d + kLanes - 1) / kLanes, stride = chunks * kLanes;  // widened rows padded to whole chunks
+  const int64_t chunks = (d + kLanes - 1) / kLanes, stride = chunks * kLanes;  // sums padded to whole chunks
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   // Per thread, reused from call to call: a window's widened keys and values are ~100 KB, which
   // malloc would map and unmap (and fault in) every time.
@@ -797,17 +806,14 @@ void attend_group(const AttentionLayout& a, int64_t b, int64_t kv, const T* q, c
   float* kt = key_buffer.data();
   transposed_keys(keys + b * a.k0 + kv * a.k1, span, d, kt);
   const T* head_values = values + b * a.v0 + kv * a.v1;
-  const float* vf = nullptr;
-  if constexpr (std::is_same_v<T, float>) {
-    if (d == stride) vf = head_values;  // fp32 rows of whole chunks: read in place
-  }
-  if (vf == nullptr) {  // widened once, each row padded to whole chunks with zeros
+  const float* widened = nullptr;  // the values in fp32 rows of whole chunks, where several rows read them
+  if (std::is_same_v<T, float> ? d != stride : a.t > 1) {
     value_buffer.resize(std::max<int64_t>(span * stride, 1));
-    float* widened = value_buffer.data();
+    float* rows = value_buffer.data();
     for (int64_t s = 0; s < span; ++s)
       for (int64_t e = 0; e < d; e += kLanes)
-        Simd::store(widened + s * stride + e, Simd::load(head_values + s * d + e, d - e));
-    vf = widened;
+        Simd::store(rows + s * stride + e, Simd::load(head_values + s * d + e, d - e));
+    widened = rows;
   }
   queries.resize(group * d);
   scores.resize(group * blocks * kLanes + 1);
@@ -872,7 +878,11 @@ void attend_group(const AttentionLayout& a, int64_t b, int64_t kv, const T* q, c
       const int64_t heads = std::min<int64_t>(kHeadsAtOnce, group - h);
       for (int64_t e = 0; e < chunks; e += 4) {
         const int64_t these = std::min<int64_t>(4, chunks - e);
-        kWeighValues[heads - 1][these - 1](&head_weights[h], list, n, vf, stride, e * kLanes, &head_sums[h]);
+        if (widened != nullptr)
+          kWeighValues<float>[heads - 1][these - 1](&head_weights[h], list, n, widened, stride, e * kLanes,
+                                                    &head_sums[h]);
+        else
+          kWeighValues<T>[heads - 1][these - 1](&head_weights[h], list, n, head_values, d, e * kLanes, &head_sums[h]);
       }
     }
     for (int64_t h = 0; h < group; ++h) {
