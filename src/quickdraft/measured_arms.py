@@ -43,9 +43,8 @@ class MeasuredArms:
             self.explore_wait = min(2 * self.explore_wait, self.max_explore_every) if settled else self.explore_every
             self.next_explore = self.steps + self.explore_wait - 1
             self._leader_before_exploring = None
-        if self.steps >= self.next_explore:
+        if self.steps >= self.next_explore:  # the next choose() sets the next one, from what this step showed
             self._leader_before_exploring = leader
-            self.next_explore = self.steps + self.explore_wait  # until the check above sets it
             return min(self.arms, key=lambda arm: self.last_tried[arm])
         return leader
 
