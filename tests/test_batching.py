@@ -45,6 +45,15 @@ def engines(request, checkpoints) -> dict[str, Engine]:
     return {name: Engine(target, drafters.get(name, name)) for name in DRAFTERS}
 
 
+def step_gammas(scheduler: BatchScheduler, steps: int) -> list[int]:
+    """Run ``steps`` scheduler steps; the γ each one ran at."""
+    gammas = []
+    for _ in range(steps):
+        scheduler.step()
+        gammas.append(scheduler.last_gamma)
+    return gammas
+
+
 def run_staggered(scheduler: BatchScheduler, jobs: list[tuple[list[int], int, SamplingParams]], join_every: int):
     """Submit one job every ``join_every`` steps (the rest join mid-flight); returns token ids per job."""
     results: dict[int, list[int]] = {}
@@ -292,12 +301,12 @@ def test_a_lone_sequence_follows_goodput_and_a_batch_the_clock(engines, monkeypa
     monkeypatch.setattr(MeasuredArms, "choose", lambda self, weights=None: "plain")  # the clock says plain
     scheduler.submit(mixed_prompts(1)[0], 40, SamplingParams(), "auto")
     # three steps, 9 drafted tokens: below MIN_EVIDENCE, so acceptance does not cap the draft yet
-    alone = [scheduler.last_gamma for _ in range(3) if scheduler.step() is not None]
+    alone = step_gammas(scheduler, 3)
     assert alone == [3] * 3
     for prompt in mixed_prompts(3):
         scheduler.submit(prompt, 40, SamplingParams(), "auto")
     scheduler.step()  # admits and prefills the new ones
-    together = [scheduler.last_gamma for _ in range(5) if scheduler.step() is not None]
+    together = step_gammas(scheduler, 5)
     assert together == [0] * 5
 
 
@@ -368,27 +377,18 @@ def test_goodput_drafts_now_and_then_when_its_costs_keep_it_plain(engines, monke
     monkeypatch.setattr(MeasuredArms, "choose", lambda self, weights=None: "goodput")
     scheduler._plain_streak, scheduler._probe_after = 0, PROBE_EVERY
     requests = [scheduler.submit(prompt, 200, SamplingParams(), "auto") for prompt in mixed_prompts(3)]
-    chosen = []
-    for _ in range(7 * PROBE_EVERY):
-        scheduler.step()
-        chosen.append(scheduler.last_gamma)
+    chosen = step_gammas(scheduler, 7 * PROBE_EVERY)
     # each probe that leaves goodput plain doubles the wait for the next one
     assert chosen == [0] * (PROBE_EVERY - 1) + [2] + [0] * (2 * PROBE_EVERY - 1) + [2] + [0] * (4 * PROBE_EVERY - 1) + [2]
     # a draft predicted far below plain (0.6x) is not worth a probe
     monkeypatch.setattr(scheduler, "_goodput_rates", lambda *args: [1000.0, 500.0, 600.0, 400.0])
     scheduler._plain_streak, scheduler._probe_after = 0, PROBE_EVERY
-    chosen.clear()
-    for _ in range(2 * PROBE_EVERY):
-        scheduler.step()
-        chosen.append(scheduler.last_gamma)
+    chosen = step_gammas(scheduler, 2 * PROBE_EVERY)
     assert chosen == [0] * (2 * PROBE_EVERY)
     # a probe drafts 2 tokens where goodput's best draft is 1: only then are its step and fixed costs timed apart
     monkeypatch.setattr(scheduler, "_goodput_rates", lambda *args: [1000.0, 800.0, 700.0, 600.0])
     scheduler._plain_streak, scheduler._probe_after = 0, PROBE_EVERY
-    chosen.clear()
-    for _ in range(PROBE_EVERY):
-        scheduler.step()
-        chosen.append(scheduler.last_gamma)
+    chosen = step_gammas(scheduler, PROBE_EVERY)
     assert chosen == [0] * (PROBE_EVERY - 1) + [2]
     for request in requests:
         scheduler.cancel(request)
@@ -404,10 +404,7 @@ def test_probes_back_off_while_the_clock_keeps_plain_steps_that_goodput_would_dr
     monkeypatch.setattr(MeasuredArms, "choose", lambda self, weights=None: "plain")
     scheduler._plain_streak, scheduler._probe_after = 0, PROBE_EVERY
     requests = [scheduler.submit(prompt, 300, SamplingParams(), "auto") for prompt in mixed_prompts(3)]
-    chosen = []
-    for _ in range(16 * PROBE_EVERY):
-        scheduler.step()
-        chosen.append(scheduler.last_gamma)
+    chosen = step_gammas(scheduler, 16 * PROBE_EVERY)
     probes = [i for i, gamma in enumerate(chosen) if gamma]
     # the clock's plain steps count in the streak and leave the wait doubling (it used to start again
     # from PROBE_EVERY each time, so such a batch probed every few dozen steps)
