@@ -29,19 +29,21 @@ GREEDY, SAMPLED = SamplingParams(temperature=0.0), SamplingParams(temperature=0.
 
 
 def steady_load(scheduler: BatchScheduler, prompts: list[list[int]], clients: int, gamma: int | str,
-                seconds: float, gammas: collections.Counter | None = None) -> float:
-    """Tokens per second with ``clients`` requests kept running for ``seconds``; ``gammas`` counts
-    the steps run at each γ."""
+                seconds: float, gammas: collections.Counter | None = None, max_tokens: int = 64,
+                switches: collections.Counter | None = None) -> float:
+    """Tokens per second with ``clients`` requests of ``max_tokens`` kept running for ``seconds``;
+    ``gammas`` counts the steps run at each γ, ``switches["drafting after plain"]`` the drafting steps
+    that followed a plain one."""
     submitted = 0
 
     def submit() -> None:
         nonlocal submitted
-        scheduler.submit(prompts[submitted % len(prompts)], 64, (GREEDY, SAMPLED)[(submitted // 2) % 2], gamma)
+        scheduler.submit(prompts[submitted % len(prompts)], max_tokens, (GREEDY, SAMPLED)[(submitted // 2) % 2], gamma)
         submitted += 1
 
     for _ in range(clients):
         submit()
-    tokens, start = 0, time.perf_counter()
+    tokens, previous, start = 0, None, time.perf_counter()
     while time.perf_counter() - start < seconds:
         for _, event in scheduler.step():
             tokens += len(event.token_ids)
@@ -49,6 +51,9 @@ def steady_load(scheduler: BatchScheduler, prompts: list[list[int]], clients: in
                 submit()
         if gammas is not None:
             gammas[scheduler.last_gamma] += 1
+        if switches is not None:
+            switches["drafting after plain"] += previous == 0 and scheduler.last_gamma > 0
+        previous = scheduler.last_gamma
     elapsed = time.perf_counter() - start
     for request in list(scheduler.active) + list(scheduler.waiting):
         scheduler.cancel(request)

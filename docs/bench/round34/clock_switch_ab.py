@@ -18,13 +18,12 @@ import argparse
 import collections
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "round33"))
-from batch_split_cost_ab import GREEDY, SAMPLED  # noqa: E402
+from batch_split_cost_ab import steady_load  # noqa: E402
 
 from quickdraft.assets import default_draft_path, default_target_path  # noqa: E402
 from quickdraft.batch.scheduler import GOODPUT, MAX_EXPLORE_EVERY, PLAIN, PROBE_WITHIN, BatchScheduler  # noqa: E402
@@ -82,34 +81,6 @@ def round33_clock(scheduler: BatchScheduler, *, charge_catch_up: bool, backoff: 
     scheduler._speculation_arms = Buckets()
 
 
-def steady_load(scheduler: BatchScheduler, prompts: list[list[int]], clients: int, gamma: int | str,
-                seconds: float, gammas: collections.Counter, max_tokens: int) -> float:
-    submitted = 0
-
-    def submit() -> None:
-        nonlocal submitted
-        scheduler.submit(prompts[submitted % len(prompts)], max_tokens, (GREEDY, SAMPLED)[(submitted // 2) % 2], gamma)
-        submitted += 1
-
-    for _ in range(clients):
-        submit()
-    tokens, previous, start = 0, None, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        for _, event in scheduler.step():
-            tokens += len(event.token_ids)
-            if event.result is not None:
-                submit()
-        gammas[scheduler.last_gamma] += 1
-        gammas["after plain"] += previous == 0 and scheduler.last_gamma > 0
-        previous = scheduler.last_gamma
-    elapsed = time.perf_counter() - start
-    for request in list(scheduler.active) + list(scheduler.waiting):
-        scheduler.cancel(request)
-    while not scheduler.idle:
-        scheduler.step()
-    return tokens / elapsed
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", default="4,16,32")
@@ -131,20 +102,19 @@ def main() -> None:
     for clients in map(int, args.clients.split(",")):
         rates: dict[str, list[float]] = {name: [] for name, _, _ in arms}
         gammas: dict[str, collections.Counter] = {name: collections.Counter() for name, _, _ in arms}
+        switches: dict[str, collections.Counter] = {name: collections.Counter() for name, _, _ in arms}
         for round_ in range(args.rounds + 1):
             for name, which, gamma in (arms if round_ % 2 == 0 else arms[::-1]):
                 rate = steady_load(schedulers[which], prompts, clients, gamma, args.seconds, gammas[name],
-                                   args.max_tokens)
+                                   args.max_tokens, switches[name])
                 if round_:
                     rates[name].append(rate)
         plain = statistics.median(rates["plain"])
         print(f"## {clients} clients, {args.max_tokens}-token requests, {args.rounds} rounds of {args.seconds:.0f} s per arm")
         for name, values in rates.items():
-            counts = gammas[name]
-            after_plain = counts.pop("after plain")
             print(f"  {name:12s} median {statistics.median(values):6.0f} tokens/s  x{statistics.median(values) / plain:.3f}"
-                  f"  ({', '.join(f'{v:.0f}' for v in values)})  steps at γ: {dict(sorted(counts.items()))},"
-                  f" drafting after plain: {after_plain}", flush=True)
+                  f"  ({', '.join(f'{v:.0f}' for v in values)})  steps at γ: {dict(sorted(gammas[name].items()))},"
+                  f" drafting after plain: {switches[name]['drafting after plain']}", flush=True)
 
 
 if __name__ == "__main__":
