@@ -172,9 +172,13 @@ def test_kv_cache_memory_is_preallocated_and_stated(engines):
     engine = engines["related"]
     scheduler = BatchScheduler(engine, max_batch=4)
     target, draft = engine.model.config, engine.drafter.model.config
-    per_position = 2 * scheduler.cache.keys[0].element_size() * 4 * scheduler.capacity
-    expected = per_position * (target.n_layer * target.n_kv_head * target.head_dim
-                               + draft.n_layer * draft.n_kv_head * draft.head_dim)
+    per_position = scheduler.cache.keys[0].element_size() * 4 * scheduler.capacity
+
+    def copies(cache) -> int:  # keys and values, and the keys again in blocks where the native forward reads them
+        return 3 if cache.key_blocks is not None else 2
+
+    expected = per_position * (copies(scheduler.cache) * target.n_layer * target.n_kv_head * target.head_dim
+                               + copies(scheduler.drafter.cache) * draft.n_layer * draft.n_kv_head * draft.head_dim)
     assert scheduler.kv_cache_bytes == expected
 
 
@@ -548,3 +552,32 @@ def test_step_costs_measured_up_front_leave_every_step_one_target_forward(engine
         steps += 1
     assert all(len(r.output.generated) == 12 for r in requests)
     assert len(calls) == steps  # one verify each (prefill runs its own forward), no scratch forward
+
+
+@pytest.mark.parametrize("drafter", ["related", "early-exit:1"])
+def test_key_blocks_hold_every_sequences_keys_as_sequences_join_leave_and_move(engines, drafter):
+    """Where the native attention reads a cache's key blocks (``KVCache.key_blocks``), they equal its
+    keys at every position a running sequence holds, after every step: prefills, verifies, rollbacks,
+    a leaving sequence's slot refilled by the last one, in the target's cache and the draft model's."""
+    from test_kv_cache import keys_from_blocks
+
+    scheduler = engines[drafter].batch_scheduler(8)
+    if scheduler.cache.key_blocks is None:
+        pytest.skip("no native forward here: nothing reads key blocks")
+    prompts = mixed_prompts(12)
+    pending = [(p, 6 + 7 * (i % 4)) for i, p in enumerate(prompts)]
+    checked = 0
+    while pending or not scheduler.idle:
+        if pending and len(scheduler.active) < 8:
+            scheduler.submit(*pending.pop(0))
+        scheduler.step()
+        caches = [(scheduler.cache, {r.slot: len(r.tokens) - 1 for r in scheduler.active if r.ready})]
+        draft_cache = getattr(scheduler.drafter, "cache", None)
+        if draft_cache is not None and draft_cache is not scheduler.cache and draft_cache.key_blocks is not None:
+            caches.append((draft_cache, {r.slot: scheduler.drafter.length[r.slot] for r in scheduler.active}))
+        for cache, held in caches:
+            blocks = keys_from_blocks(cache)
+            for slot, n in held.items():
+                assert all(torch.equal(b[slot, :, :n], k[slot, :, :n]) for b, k in zip(blocks, cache.keys))
+                checked += n
+    assert checked > 0

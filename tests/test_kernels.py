@@ -223,7 +223,7 @@ def test_a_prefill_writes_the_forwards_cache_bits_without_computing_logits(dtype
     native_forward = kernels.forward
 
     def recording(*args):
-        if args[16] > 0:  # logits_rows (the feature arguments follow it)
+        if args[17] > 0:  # logits_rows (the feature arguments follow it)
             head_calls.append("native")
         return native_forward(*args)
 

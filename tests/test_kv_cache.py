@@ -84,3 +84,53 @@ def test_kept_features_move_with_their_keys_and_views_share_them():
     cache.move_entry(1, 0, length=4)  # compaction of a batch
     assert torch.equal(features[0, :4], features[1, :4]) and torch.equal(features[0, 4:], before[0, 4:])
     assert cache.nbytes == 2 * (2 * 8 * 2 * 4) + 2 * 8 * 3 * 4
+
+
+def keys_from_blocks(cache: KVCache) -> list[torch.Tensor]:
+    """The keys as the key blocks hold them: [batch, kv_heads, capacity, head_dim] per layer."""
+    assert cache.key_blocks is not None
+    return [b.transpose(-1, -2).flatten(2, 3)[:, :, : cache.capacity] for b in cache.key_blocks]
+
+
+def test_key_blocks_follow_the_keys_through_refresh_moves_and_compaction():
+    cache = KVCache(2, 2, 6, 20, batch=3, key_block_lanes=8)  # 20 slots: the last block is cut short
+    assert cache.key_blocks is not None and cache.key_blocks[0].shape == (3, 2, 3, 6, 8)
+    for t in (*cache.keys, *cache.values):
+        t.copy_(torch.randn(t.shape))
+    assert not torch.equal(keys_from_blocks(cache)[0], cache.keys[0])  # nothing mirrors the keys unasked
+    cache.refresh_key_blocks()
+    assert all(torch.equal(b, k) for b, k in zip(keys_from_blocks(cache), cache.keys))
+    cache.entry(1).keys[0][0, 1, 9:11] = 5.0  # a write through a view, refreshed there
+    cache.entry(1).refresh_key_blocks(9, 11)
+    assert torch.equal(keys_from_blocks(cache)[0], cache.keys[0])
+    cache.compact([17, 19], 3)  # a tree's accepted path into place: keys and blocks alike
+    assert all(torch.equal(b, k) for b, k in zip(keys_from_blocks(cache), cache.keys))
+    cache.move_entry(2, 0, length=11)  # a batch's compaction: the positions the sequence holds
+    assert all(torch.equal(b[0, :, :11], k[2, :, :11]) for b, k in zip(keys_from_blocks(cache), cache.keys))
+    assert cache.nbytes == 2 * 2 * (3 * 2 * 20 * 6 * 4) + 2 * (3 * 2 * 24 * 6 * 4)
+
+
+def test_the_native_forward_writes_key_blocks_and_the_per_op_path_refreshes_them():
+    """Every forward that writes keys leaves the blocks the native attention reads equal to them:
+    the native forward writes both, a forward too large for it (the per-op path) refreshes them."""
+    from quickdraft import kernels
+    from quickdraft.model.config import ModelConfig
+    from quickdraft.model.native import NATIVE_MAX_ROWS
+    from quickdraft.model.transformer import Transformer
+
+    torch.manual_seed(0)
+    config = ModelConfig(model_type="llama", vocab_size=300, n_embd=64, n_layer=2, n_head=4, n_kv_head=2,
+                         head_dim=16, intermediate_size=96, block_size=512, norm_eps=1e-6, tie_word_embeddings=True)
+    model = Transformer(config).to(torch.bfloat16).eval()
+    if not model.pack_products() or model.native is None:
+        pytest.skip(f"no native forward here (kernels: {kernels.loaded_isa()})")
+    cache = model.new_cache(512, batch=2)
+    assert cache.key_blocks is not None
+    rows = NATIVE_MAX_ROWS // 2 + 7  # two sequences of these rows: the per-op path
+    with torch.inference_mode():
+        for start, t in ((0, 5), (5, rows), (5 + rows, 3)):
+            tokens = torch.randint(0, 300, (2, t))
+            positions = torch.arange(start, start + t).expand(2, t)
+            model.forward_batched(tokens, positions, cache, window=512)
+            held = start + t
+            assert all(torch.equal(b[:, :, :held], k[:, :, :held]) for b, k in zip(keys_from_blocks(cache), cache.keys))

@@ -97,6 +97,7 @@ def invariant_shapes(model: Transformer, shapes: Sequence[tuple[int, int]],
     for tensors in (cache.keys, cache.values):
         for t in tensors:
             t.copy_(torch.randn(t.shape, generator=generator).to(t))
+    cache.refresh_key_blocks()
     saved = [t[0].clone() for t in (*cache.keys, *cache.values)]
     position = min(MIN_WINDOW // 2, capacity - 2 * largest[1])
     probe_tokens = torch.randint(0, vocab, (2,), generator=generator)
@@ -104,6 +105,7 @@ def invariant_shapes(model: Transformer, shapes: Sequence[tuple[int, int]],
     def probe(s: int, r: int, slot: int, n: int, window: int) -> torch.Tensor:
         for t, original in zip((*cache.keys, *cache.values), saved):
             t[slot].copy_(original)  # the probe sequence's own cache, the same in every run
+        cache.entry(slot).refresh_key_blocks()
         tokens = torch.randint(0, vocab, (s, r), generator=generator)
         positions = torch.randint(0, window - r, (s, 1), generator=generator) + torch.arange(r)
         tokens[slot, :n] = probe_tokens[:n]

@@ -179,6 +179,13 @@ def available() -> bool:
     return loaded_isa() is not None
 
 
+def key_block_lanes() -> int | None:
+    """The slots per key block (``KVCache.key_blocks``) of the loaded build: its fp32 lanes per
+    vector register (16 with AVX-512, 8 with AVX2); None without kernels."""
+    loaded = loaded_isa()
+    return None if loaded is None else 8 if loaded == "avx2" else 16
+
+
 def _register_fake() -> None:
     @torch.library.register_fake("quickdraft::linear_bf16")
     def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n_out: int) -> torch.Tensor:
@@ -240,17 +247,19 @@ _NO_SECONDS = torch.empty(0, dtype=torch.float64)
 
 def forward(tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
             cos: torch.Tensor, signed_sin: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-            weights: list[torch.Tensor], n_layers: int, n_head: int, n_kv: int, head_dim: int,
-            intermediate: int, vocab: int, eps: float, logits_rows: int, input_features: torch.Tensor | None = None,
+            key_blocks: list[torch.Tensor], weights: list[torch.Tensor], n_layers: int, n_head: int, n_kv: int,
+            head_dim: int, intermediate: int, vocab: int, eps: float, logits_rows: int, input_features: torch.Tensor | None = None,
             feature_proj: torch.Tensor | None = None, features_out: torch.Tensor | None = None) -> torch.Tensor:
     """A Llama-family forward over a step's rows in one call, bf16 or fp32 after the weights' dtype
     (see ``model/native.py``): -> logits of the last ``logits_rows`` rows of each sequence
-    [B, logits_rows, vocab] (0 for a prefill, which only writes the cache). ``input_features``
+    [B, logits_rows, vocab] (0 for a prefill, which only writes the cache). ``key_blocks``: the
+    cache's (``KVCache.key_blocks``, written with the keys and scored in place), or [] to transpose
+    the keys in each call. ``input_features``
     [B * T, E], projected by ``feature_proj`` (packed E -> E), are added to the rows' embeddings;
     ``features_out`` [B, slots, E] receives each row's residual stream after the last layer run at
     its slot (a feature draft's inputs and outputs)."""
     none = _NO_TENSOR
-    return torch.ops.quickdraft.forward(tokens, positions, slots, mask, cos, signed_sin, keys, values, weights,
+    return torch.ops.quickdraft.forward(tokens, positions, slots, mask, cos, signed_sin, keys, values, key_blocks, weights,
                                         n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, logits_rows,
                                         none if input_features is None else input_features,
                                         none if feature_proj is None else feature_proj,
@@ -259,8 +268,8 @@ def forward(tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, 
 
 def draft_greedy(tokens: torch.Tensor, start: int, k: int, vocab_limit: int, cos: torch.Tensor,
                  signed_sin: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-                 weights: list[torch.Tensor], n_layers: int, n_head: int, n_kv: int, head_dim: int,
-                 intermediate: int, vocab: int, eps: float, head_ids: torch.Tensor | None = None,
+                 key_blocks: list[torch.Tensor], weights: list[torch.Tensor], n_layers: int, n_head: int, n_kv: int,
+                 head_dim: int, intermediate: int, vocab: int, eps: float, head_ids: torch.Tensor | None = None,
                  gumbel: torch.Tensor | None = None, temperature: float = 1.0, uniforms: torch.Tensor | None = None,
                  logits_out: torch.Tensor | None = None, input_features: torch.Tensor | None = None,
                  feature_proj: torch.Tensor | None = None, features_out: torch.Tensor | None = None,
@@ -279,7 +288,8 @@ def draft_greedy(tokens: torch.Tensor, start: int, k: int, vocab_limit: int, cos
     none = _NO_TENSOR
     noise = torch.empty(0, 0) if gumbel is None else gumbel
     scale = 1.0 if gumbel is None and uniforms is None else 1.0 / temperature
-    return torch.ops.quickdraft.draft_greedy(tokens, start, k, vocab_limit, cos, signed_sin, keys, values, weights,
+    return torch.ops.quickdraft.draft_greedy(tokens, start, k, vocab_limit, cos, signed_sin, keys, values, key_blocks,
+                                             weights,
                                              n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, ids, noise,
                                              scale, torch.empty(0, dtype=torch.float64) if uniforms is None else uniforms,
                                              torch.empty(0, 0) if logits_out is None else logits_out,
@@ -291,8 +301,8 @@ def draft_greedy(tokens: torch.Tensor, start: int, k: int, vocab_limit: int, cos
 
 def draft_batch(tokens: torch.Tensor, positions: torch.Tensor, ks: list[int], window: int, vocab_limit: int,
                 cos: torch.Tensor, signed_sin: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-                weights: list[torch.Tensor], n_layers: int, n_head: int, n_kv: int, head_dim: int,
-                intermediate: int, vocab: int, eps: float, head_ids: torch.Tensor | None,
+                key_blocks: list[torch.Tensor], weights: list[torch.Tensor], n_layers: int, n_head: int, n_kv: int,
+                head_dim: int, intermediate: int, vocab: int, eps: float, head_ids: torch.Tensor | None,
                 gumbel: list[torch.Tensor | None], temperatures: list[float],
                 uniforms: list[torch.Tensor | None] | None = None,
                 logits_out: list[torch.Tensor | None] | None = None, input_features: torch.Tensor | None = None,
@@ -315,7 +325,8 @@ def draft_batch(tokens: torch.Tensor, positions: torch.Tensor, ks: list[int], wi
     draws = [torch.empty(0, dtype=torch.float64) if u is None else u for u in uniforms]
     kept = [torch.empty(0, 0) if out is None else out for out in logits_out]
     return torch.ops.quickdraft.draft_batch(tokens, positions, torch.tensor(ks, dtype=torch.long), window, vocab_limit,
-                                            cos, signed_sin, keys, values, weights, n_layers, n_head, n_kv, head_dim,
+                                            cos, signed_sin, keys, values, key_blocks, weights, n_layers, n_head, n_kv,
+                                            head_dim,
                                             intermediate, vocab, eps, ids, noise, inverse, draws, kept,
                                             _NO_TENSOR if input_features is None else input_features,
                                             _NO_TENSOR if feature_proj is None else feature_proj,

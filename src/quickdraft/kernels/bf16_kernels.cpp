@@ -66,6 +66,7 @@ struct Simd {
   static V load(const at::BFloat16* p, int64_t n) {
     return _mm512_cvtpbh_ps((__m256bh)_mm256_maskz_loadu_epi16(keep(n), p));
   }
+  static V load(const at::BFloat16* p) { return _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
   static void store(at::BFloat16* p, int64_t n, V v) {
     _mm256_mask_storeu_epi16(p, keep(n), (__m256i)_mm512_cvtneps_pbh(v));
   }
@@ -134,8 +135,9 @@ struct Simd {
     else _mm256_maskstore_ps(p, keep(n), v);
   }
   static V widen(__m128i bf16) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bf16), 16)); }
+  static V load(const at::BFloat16* p) { return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static V load(const at::BFloat16* p, int64_t n) {
-    if (n >= 8) return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    if (n >= 8) return load(p);
     uint16_t part[8] = {};
     std::memcpy(part, p, 2 * n);
     return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(part)));
@@ -652,10 +654,12 @@ struct Elem<float> {
 
 // Query rows of head h for sequence b, step row i at q + ((b * t + i) * q_row + h * d) (q_row: a
 // step row's stride); out likewise with out_row. keys/values [B, Hkv, C, D] with strides
-// (k0, k1, d, 1); mask [B or 1, t, c].
+// (k0, k1, d, 1); mask [B or 1, t, c]. Key blocks, where the cache keeps them: the keys again in
+// kLanes-slot blocks [B, Hkv, ceil(C / kLanes), D, kLanes] with strides (kb0, kb1, D * kLanes, kLanes, 1).
 struct AttentionLayout {
   int64_t batch, t, n_head, n_kv, d, c;
   int64_t q_row, out_row, k0, k1, v0, v1, mask_batches;
+  int64_t kb0 = 0, kb1 = 0;
 };
 
 // The slots in [0, end) that a row's mask marks, in slot order, into list; their count.
@@ -694,6 +698,7 @@ inline int64_t last_visible(const bool* row_mask, int64_t from, int64_t end) {
 // One head's keys over slots [0, span) in fp32, transposed by blocks of kLanes slots: lane i of
 // kt[(block * d + e) * kLanes] is element e of slot block * kLanes + i (zero past span). A row then
 // scores kLanes slots at once, each slot's score the multiply-adds of its own elements in order.
+// A cache that keeps its key blocks (write_key_block) has this layout already, in its element type.
 template <typename T>
 void transposed_keys(const T* keys, int64_t span, int64_t d, float* kt) {
   const int64_t blocks = (span + kLanes - 1) / kLanes;
@@ -711,9 +716,9 @@ void transposed_keys(const T* keys, int64_t span, int64_t d, float* kt) {
 // Scores of Heads query rows (fp32, scaled; the query heads of one step row) against Blocks slot
 // blocks of kt from block first, into score[h][slot]: Heads x Blocks independent chains of
 // multiply-adds over the elements in order, sharing each key load.
-template <int Heads, int Blocks>
-void score_blocks(const float* const* query, const float* kt, int64_t d, int64_t first, float* const* score) {
-  const float* k = kt + first * d * kLanes;
+template <int Heads, int Blocks, typename K>
+void score_blocks(const float* const* query, const K* kt, int64_t d, int64_t first, float* const* score) {
+  const K* k = kt + first * d * kLanes;
   const int64_t next = d * kLanes;
   V acc[Heads * Blocks];  // one dimension, as the products' tiles
   for (int h = 0; h < Heads; ++h) {
@@ -734,11 +739,13 @@ void score_blocks(const float* const* query, const float* kt, int64_t d, int64_t
 
 // Heads sharing a pass over the keys (or values): as many as keep every accumulator in a register.
 constexpr int kHeadsAtOnce = kLanes == 16 ? 3 : 2;
-using ScoreBlocks = void (*)(const float* const*, const float*, int64_t, int64_t, float* const*);
-template <int Heads>
-constexpr ScoreBlocks kScoreBlocksFor[4] = {score_blocks<Heads, 1>, score_blocks<Heads, 2>, score_blocks<Heads, 3>,
-                                            score_blocks<Heads, 4>};
-constexpr const ScoreBlocks* kScoreBlocks[3] = {kScoreBlocksFor<1>, kScoreBlocksFor<2>, kScoreBlocksFor<3>};
+template <typename K>
+using ScoreBlocks = void (*)(const float* const*, const K*, int64_t, int64_t, float* const*);
+template <typename K, int Heads>
+constexpr ScoreBlocks<K> kScoreBlocksFor[4] = {score_blocks<Heads, 1, K>, score_blocks<Heads, 2, K>,
+                                               score_blocks<Heads, 3, K>, score_blocks<Heads, 4, K>};
+template <typename K>
+constexpr const ScoreBlocks<K>* kScoreBlocks[3] = {kScoreBlocksFor<K, 1>, kScoreBlocksFor<K, 2>, kScoreBlocksFor<K, 3>};
 
 // sums[h] (chunks of kLanes from chunk e0) += the weighted values of the listed slots, slot after
 // slot in list order, for Heads heads sharing the list (the query heads of one step row), Chunks
@@ -788,7 +795,7 @@ constexpr const WeighValues<T>* kWeighValues[3] = {kWeighValuesFor<T, 1>, kWeigh
 // pairs: the same whatever the other rows, the window or where its visible slots sit.
 template <typename T>
 void attend_group(const AttentionLayout& a, int64_t b, int64_t kv, const T* q, const T* keys,
-                  const T* values, const bool* mask, T* out) {
+                  const T* values, const T* key_blocks, const bool* mask, T* out) {
   const int64_t group = a.n_head / a.n_kv, c = a.c, d = a.d;
   const int64_t chunks = (d + kLanes - 1) / kLanes, stride = chunks * kLanes;  // sums padded to whole chunks
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
@@ -802,9 +809,22 @@ void attend_group(const AttentionLayout& a, int64_t b, int64_t kv, const T* q, c
   int64_t span = 0;  // the slots [0, span) that any row sees
   for (int64_t i = 0; i < a.t; ++i) span = std::max(span, last_visible(group_mask + i * c, span, c) + 1);
   const int64_t blocks = (span + kLanes - 1) / kLanes;
-  key_buffer.resize(std::max<int64_t>(blocks * d * kLanes, 1));
-  float* kt = key_buffer.data();
-  transposed_keys(keys + b * a.k0 + kv * a.k1, span, d, kt);
+  // Key blocks kept by the cache need no transposing here (at 400 cached positions, 16 one-row
+  // sequences spent ~25% of their step on it): fp32 ones, and bf16 ones for a lone row, are read in
+  // place (widened on load); several rows widen a copy once, as widening on every load cost a
+  // 16-row verify ~13%. The same numbers either way, so the same scores.
+  const T* kept_blocks = key_blocks != nullptr ? key_blocks + b * a.kb0 + kv * a.kb1 : nullptr;
+  float* kt = nullptr;
+  if (kept_blocks == nullptr || (!std::is_same_v<T, float> && a.t > 1)) {
+    key_buffer.resize(std::max<int64_t>(blocks * d * kLanes, 1));
+    kt = key_buffer.data();
+    if (kept_blocks == nullptr) {
+      transposed_keys(keys + b * a.k0 + kv * a.k1, span, d, kt);
+    } else {
+      for (int64_t i = 0; i < blocks * d * kLanes; i += kLanes) Simd::store(kt + i, Simd::load(kept_blocks + i));
+      kept_blocks = nullptr;
+    }
+  }
   const T* head_values = values + b * a.v0 + kv * a.v1;
   const float* widened = nullptr;  // the values in fp32 rows of whole chunks, where several rows read them
   if (std::is_same_v<T, float> ? d != stride : a.t > 1) {
@@ -840,8 +860,12 @@ void attend_group(const AttentionLayout& a, int64_t b, int64_t kv, const T* q, c
     for (int64_t h = 0; h < group; h += kHeadsAtOnce) {
       const int64_t heads = std::min<int64_t>(kHeadsAtOnce, group - h);
       for (int64_t block = 0; block < row_blocks; block += 4)
-        kScoreBlocks[heads - 1][std::min<int64_t>(4, row_blocks - block) - 1](&head_queries[h], kt, d, block,
-                                                                                &head_scores[h]);
+        if (kept_blocks != nullptr)
+          kScoreBlocks<T>[heads - 1][std::min<int64_t>(4, row_blocks - block) - 1](&head_queries[h], kept_blocks, d,
+                                                                                   block, &head_scores[h]);
+        else
+          kScoreBlocks<float>[heads - 1][std::min<int64_t>(4, row_blocks - block) - 1](&head_queries[h], kt, d, block,
+                                                                                       &head_scores[h]);
     }
     for (int64_t h = 0; h < group; ++h) {
       const float* score = head_scores[h];
@@ -894,11 +918,12 @@ void attend_group(const AttentionLayout& a, int64_t b, int64_t kv, const T* q, c
 }
 
 template <typename T>
-void attend_rows(const AttentionLayout& a, const T* q, const T* keys, const T* values,
+void attend_rows(const AttentionLayout& a, const T* q, const T* keys, const T* values, const T* key_blocks,
                  const bool* mask, T* out) {
   TORCH_CHECK(a.d <= 256, "attention: head_dim over 256");
   at::parallel_for(0, a.batch * a.n_kv, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) attend_group<T>(a, task / a.n_kv, task % a.n_kv, q, keys, values, mask, out);
+    for (int64_t task = begin; task < end; ++task)
+      attend_group<T>(a, task / a.n_kv, task % a.n_kv, q, keys, values, key_blocks, mask, out);
   });
 }
 
@@ -920,8 +945,8 @@ at::Tensor attend_bf16(const at::Tensor& q, const at::Tensor& keys, const at::Te
   at::Tensor y = at::empty({batch, t, n_head, d}, q.options());
   const AttentionLayout layout{batch, t, n_head, keys.size(1), d, keys.size(2), n_head * d, n_head * d,
                                keys.stride(0), keys.stride(1), values.stride(0), values.stride(1), m.size(0)};
-  attend_rows<at::BFloat16>(layout, rows.data_ptr<at::BFloat16>(), keys.data_ptr<at::BFloat16>(), values.data_ptr<at::BFloat16>(),
-              m.data_ptr<bool>(), y.data_ptr<at::BFloat16>());
+  attend_rows<at::BFloat16>(layout, rows.data_ptr<at::BFloat16>(), keys.data_ptr<at::BFloat16>(),
+                            values.data_ptr<at::BFloat16>(), nullptr, m.data_ptr<bool>(), y.data_ptr<at::BFloat16>());
   return y.transpose(1, 2);
 }
 
@@ -975,7 +1000,7 @@ at::Tensor rms_norm_bf16(const at::Tensor& x, const at::Tensor& weight, double e
 template <typename T>
 at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,
                         const at::Tensor& mask, const at::Tensor& cos, const at::Tensor& signed_sin,
-                        at::TensorList keys, at::TensorList values, at::TensorList weights, int64_t n_layers,
+                        at::TensorList keys, at::TensorList values, at::TensorList key_blocks, at::TensorList weights, int64_t n_layers,
                         int64_t n_head, int64_t n_kv, int64_t head_dim, int64_t intermediate, int64_t vocab,
                         double eps, int64_t logits_rows, const at::Tensor& input_features,
                         const at::Tensor& feature_proj, const at::Tensor& features_out) {
@@ -991,6 +1016,7 @@ at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions,
               logits_rows >= 0 && logits_rows <= t, "forward: shapes");
   TORCH_CHECK(tokens.is_contiguous() && positions.is_contiguous() && slots.is_contiguous() && mask.is_contiguous() &&
               cos.is_contiguous() && signed_sin.is_contiguous() && d % 2 == 0, "forward: layouts");
+  TORCH_CHECK(key_blocks.empty() || key_blocks.size() == keys.size(), "forward: one key block tensor per layer, or none");
   const auto* tok = tokens.data_ptr<int64_t>();
   const auto* pos = positions.data_ptr<int64_t>();
   const auto* slot = slots.data_ptr<int64_t>();
@@ -1041,6 +1067,21 @@ at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions,
     T* vc = values[layer].data_ptr<T>();
     const int64_t k0 = keys[layer].stride(0), k1 = keys[layer].stride(1), capacity = keys[layer].size(2);
     const int64_t v0 = values[layer].stride(0), v1 = values[layer].stride(1);
+    // The cache's key blocks (attend_group), when it keeps them: each new key goes there too.
+    T* kb = nullptr;
+    int64_t kb0 = 0, kb1 = 0;
+    if (!key_blocks.empty()) {
+      const at::Tensor& blocks = key_blocks[layer];
+      TORCH_CHECK(blocks.scalar_type() == keys[layer].scalar_type() && blocks.dim() == 5 &&
+                  blocks.size(0) == keys[layer].size(0) && blocks.size(1) == n_kv &&
+                  blocks.size(2) * kLanes >= capacity && blocks.size(3) == d && blocks.size(4) == kLanes &&
+                  blocks.stride(4) == 1 && blocks.stride(3) == kLanes && blocks.stride(2) == d * kLanes,
+                  "forward: key blocks are [B, Hkv, ceil(C / lanes), D, lanes] in the cache's dtype, lanes = ",
+                  kLanes);
+      kb = blocks.data_ptr<T>();
+      kb0 = blocks.stride(0);
+      kb1 = blocks.stride(1);
+    }
     for (int64_t r = 0; r < m; ++r) {
       const T* c_row = cs + pos[r] * d;
       const T* s_row = sn + pos[r] * d;
@@ -1058,11 +1099,16 @@ at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions,
       TORCH_CHECK(slot[r] >= 0 && slot[r] < capacity, "forward: cache slot out of range");
       for (int64_t kv = 0; kv < n_kv; ++kv) {
         std::copy(row + q_dim + kv * d, row + q_dim + (kv + 1) * d, kc + b * k0 + kv * k1 + slot[r] * d);
+        if (kb != nullptr) {
+          T* lane = kb + b * kb0 + kv * kb1 + (slot[r] / kLanes) * d * kLanes + slot[r] % kLanes;
+          for (int64_t i = 0; i < d; ++i) lane[i * kLanes] = row[q_dim + kv * d + i];
+        }
         std::copy(row + q_dim + kv_dim + kv * d, row + q_dim + kv_dim + (kv + 1) * d, vc + b * v0 + kv * v1 + slot[r] * d);
       }
     }
-    const AttentionLayout layout{batch, t, n_head, n_kv, d, mask.size(2), qkv_dim, q_dim, k0, k1, v0, v1, mask.size(0)};
-    attend_rows(layout, qkvs, kc, vc, mask.data_ptr<bool>(), att);
+    const AttentionLayout layout{batch, t, n_head, n_kv, d, mask.size(2), qkv_dim, q_dim, k0, k1, v0, v1, mask.size(0),
+                                 kb0, kb1};
+    attend_rows(layout, qkvs, kc, vc, static_cast<const T*>(kb), mask.data_ptr<bool>(), att);
     check_packed_for(h, w[3], q_dim, e);
     linear_rows(att, m, w[3], nullptr, e, proj);
     add_into_residual(proj);
@@ -1120,11 +1166,11 @@ at::Tensor by_weight_dtype(const char* op, const at::Tensor& weight, const at::T
 
 at::Tensor forward(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& slots,
                    const at::Tensor& mask, const at::Tensor& cos, const at::Tensor& signed_sin, at::TensorList keys,
-                   at::TensorList values, at::TensorList weights, int64_t n_layers, int64_t n_head, int64_t n_kv,
+                   at::TensorList values, at::TensorList key_blocks, at::TensorList weights, int64_t n_layers, int64_t n_head, int64_t n_kv,
                    int64_t head_dim, int64_t intermediate, int64_t vocab, double eps, int64_t logits_rows,
                    const at::Tensor& input_features, const at::Tensor& feature_proj, const at::Tensor& features_out) {
   return by_weight_dtype("forward", weights[0], cos, [&](auto element) {
-    return forward_native<decltype(element)>(tokens, positions, slots, mask, cos, signed_sin, keys, values, weights,
+    return forward_native<decltype(element)>(tokens, positions, slots, mask, cos, signed_sin, keys, values, key_blocks, weights,
                                              n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, logits_rows,
                                              input_features, feature_proj, features_out);
   });
@@ -1271,7 +1317,7 @@ int64_t draft_sample(const T* logits, int64_t vocab_limit, const int64_t* row_to
 template <typename T>
 at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t k, int64_t vocab_limit,
                                const at::Tensor& cos, const at::Tensor& signed_sin, at::TensorList keys,
-                               at::TensorList values, at::TensorList weights, int64_t n_layers, int64_t n_head,
+                               at::TensorList values, at::TensorList key_blocks, at::TensorList weights, int64_t n_layers, int64_t n_head,
                                int64_t n_kv, int64_t head_dim, int64_t intermediate, int64_t vocab, double eps,
                                const at::Tensor& head_ids, const at::Tensor& gumbel, double inverse_temperature,
                                const at::Tensor& uniforms, const at::Tensor& logits_out,
@@ -1316,7 +1362,7 @@ at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t 
     const at::Tensor positions = at::arange(first, first + t, ids).view({1, t});
     at::Tensor mask = at::ones({1, t, first + t}, ids.dtype(at::kBool));
     if (t > 1) mask = mask.tril(first);  // row j sees slots [0, first + j]
-    const at::Tensor logits = forward_native<T>(feed, positions, positions, mask, cos, signed_sin, keys, values,
+    const at::Tensor logits = forward_native<T>(feed, positions, positions, mask, cos, signed_sin, keys, values, key_blocks,
                                                 weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, 1,
                                                 feed_features, feature_proj, features_out);
     if (feed_features.numel())
@@ -1340,13 +1386,14 @@ at::Tensor draft_greedy_native(const at::Tensor& tokens, int64_t start, int64_t 
 
 at::Tensor draft_greedy(const at::Tensor& tokens, int64_t start, int64_t k, int64_t vocab_limit, const at::Tensor& cos,
                         const at::Tensor& signed_sin, at::TensorList keys, at::TensorList values,
-                        at::TensorList weights, int64_t n_layers, int64_t n_head, int64_t n_kv, int64_t head_dim,
-                        int64_t intermediate, int64_t vocab, double eps, const at::Tensor& head_ids,
+                        at::TensorList key_blocks, at::TensorList weights, int64_t n_layers, int64_t n_head,
+                        int64_t n_kv, int64_t head_dim, int64_t intermediate, int64_t vocab, double eps,
+                        const at::Tensor& head_ids,
                         const at::Tensor& gumbel, double inverse_temperature, const at::Tensor& uniforms,
                         const at::Tensor& logits_out, const at::Tensor& input_features, const at::Tensor& feature_proj,
                         const at::Tensor& features_out, bool hold_features, const at::Tensor& step_seconds) {
   return by_weight_dtype("draft_greedy", weights[0], cos, [&](auto element) {
-    return draft_greedy_native<decltype(element)>(tokens, start, k, vocab_limit, cos, signed_sin, keys, values,
+    return draft_greedy_native<decltype(element)>(tokens, start, k, vocab_limit, cos, signed_sin, keys, values, key_blocks,
                                                   weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps,
                                                   head_ids, gumbel, inverse_temperature, uniforms, logits_out,
                                                   input_features, feature_proj, features_out, hold_features,
@@ -1369,7 +1416,7 @@ at::Tensor draft_greedy(const at::Tensor& tokens, int64_t start, int64_t k, int6
 template <typename T>
 at::Tensor draft_batch_native(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& ks,
                               int64_t window, int64_t vocab_limit, const at::Tensor& cos, const at::Tensor& signed_sin,
-                              at::TensorList keys, at::TensorList values, at::TensorList weights, int64_t n_layers,
+                              at::TensorList keys, at::TensorList values, at::TensorList key_blocks, at::TensorList weights, int64_t n_layers,
                               int64_t n_head, int64_t n_kv, int64_t head_dim, int64_t intermediate, int64_t vocab,
                               double eps, const at::Tensor& head_ids, at::TensorList gumbel,
                               at::ArrayRef<double> inverse_temperatures, at::TensorList uniforms,
@@ -1429,7 +1476,7 @@ at::Tensor draft_batch_native(const at::Tensor& tokens, const at::Tensor& positi
       ? input_features.view({batch, tokens.size(1), -1}).select(1, tokens.size(1) - 1).contiguous() : no_features;
   for (int64_t i = 0; i < k_max; ++i) {
     const at::Tensor mask = (cache_slots <= at_positions.unsqueeze(2)).contiguous();  // causal over the window
-    const at::Tensor logits = forward_native<T>(feed, at_positions, at_positions, mask, cos, signed_sin, keys, values,
+    const at::Tensor logits = forward_native<T>(feed, at_positions, at_positions, mask, cos, signed_sin, keys, values, key_blocks,
                                                 weights, n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, 1,
                                                 feed_features, features ? feature_proj : no_features,
                                                 features ? features_out : no_features);
@@ -1472,14 +1519,14 @@ at::Tensor draft_batch_native(const at::Tensor& tokens, const at::Tensor& positi
 
 at::Tensor draft_batch(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& ks, int64_t window,
                        int64_t vocab_limit, const at::Tensor& cos, const at::Tensor& signed_sin, at::TensorList keys,
-                       at::TensorList values, at::TensorList weights, int64_t n_layers, int64_t n_head, int64_t n_kv,
+                       at::TensorList values, at::TensorList key_blocks, at::TensorList weights, int64_t n_layers, int64_t n_head, int64_t n_kv,
                        int64_t head_dim, int64_t intermediate, int64_t vocab, double eps, const at::Tensor& head_ids,
                        at::TensorList gumbel, at::ArrayRef<double> inverse_temperatures, at::TensorList uniforms,
                        at::TensorList logits_out, const at::Tensor& input_features, const at::Tensor& feature_proj,
                        const at::Tensor& features_out, bool hold_features, const at::Tensor& step_seconds) {
   return by_weight_dtype("draft_batch", weights[0], cos, [&](auto element) {
     return draft_batch_native<decltype(element)>(tokens, positions, ks, window, vocab_limit, cos, signed_sin, keys,
-                                                 values, weights, n_layers, n_head, n_kv, head_dim, intermediate,
+                                                 values, key_blocks, weights, n_layers, n_head, n_kv, head_dim, intermediate,
                                                  vocab, eps, head_ids, gumbel, inverse_temperatures, uniforms,
                                                  logits_out, input_features, feature_proj, features_out,
                                                  hold_features, step_seconds);
@@ -1705,16 +1752,16 @@ TORCH_LIBRARY(quickdraft, m) {
   m.def("attend_bf16(Tensor q, Tensor keys, Tensor values, Tensor mask) -> Tensor");
   m.def("rms_norm_bf16(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("forward(Tensor tokens, Tensor positions, Tensor slots, Tensor mask, Tensor cos, Tensor signed_sin, "
-        "Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, int n_kv, int head_dim, "
+        "Tensor(a!)[] keys, Tensor(b!)[] values, Tensor(k!)[] key_blocks, Tensor[] weights, int n_layers, int n_head, int n_kv, int head_dim, "
         "int intermediate, int vocab, float eps, int logits_rows, Tensor input_features, Tensor feature_proj, "
         "Tensor(c!) features_out) -> Tensor");
   m.def("draft_greedy(Tensor tokens, int start, int k, int vocab_limit, Tensor cos, Tensor signed_sin, "
-        "Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, int n_kv, int head_dim, "
+        "Tensor(a!)[] keys, Tensor(b!)[] values, Tensor(k!)[] key_blocks, Tensor[] weights, int n_layers, int n_head, int n_kv, int head_dim, "
         "int intermediate, int vocab, float eps, Tensor head_ids, Tensor gumbel, float inverse_temperature, "
         "Tensor uniforms, Tensor(c!) logits_out, Tensor input_features, Tensor feature_proj, "
         "Tensor(d!) features_out, bool hold_features, Tensor(e!) step_seconds) -> Tensor");
   m.def("draft_batch(Tensor tokens, Tensor positions, Tensor ks, int window, int vocab_limit, Tensor cos, "
-        "Tensor signed_sin, Tensor(a!)[] keys, Tensor(b!)[] values, Tensor[] weights, int n_layers, int n_head, "
+        "Tensor signed_sin, Tensor(a!)[] keys, Tensor(b!)[] values, Tensor(k!)[] key_blocks, Tensor[] weights, int n_layers, int n_head, "
         "int n_kv, int head_dim, int intermediate, int vocab, float eps, Tensor head_ids, Tensor[] gumbel, "
         "float[] inverse_temperatures, Tensor[] uniforms, Tensor(c!)[] logits_out, Tensor input_features, "
         "Tensor feature_proj, Tensor(d!) features_out, bool hold_features, Tensor(e!) step_seconds) -> Tensor");

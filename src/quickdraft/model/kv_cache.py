@@ -2,6 +2,13 @@
 
 Rollback is moving the pointer; slots past ``length`` may hold stale keys from rejected drafts
 or padding rows, and are overwritten by the next forward that writes there.
+
+For the native forward (``model/native.py``) the cache also keeps its keys in *key blocks*: per
+layer [batch, kv_heads, ceil(slots / lanes), head_dim, lanes], each block the keys of ``lanes``
+consecutive slots transposed, as the attention kernel scores them. The kernel used to build that
+layout from the keys on every call, for every sequence and key/value head: with 16 one-row sequences
+400 positions deep, a quarter of the step. The keys stay the truth: the native forward writes both,
+and every other writer refreshes the blocks it touched (``refresh_key_blocks``).
 """
 
 from __future__ import annotations
@@ -20,10 +27,15 @@ class KVCache:
         batch: int = 1,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        key_block_lanes: int | None = None,
     ) -> None:
         shape = (batch, n_kv_head, capacity, head_dim)  # [batch, kv_heads, slots, head_dim]
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        self.key_blocks: list[torch.Tensor] | None = None
+        if key_block_lanes:
+            blocks = (batch, n_kv_head, -(-capacity // key_block_lanes), head_dim, key_block_lanes)
+            self.key_blocks = [torch.zeros(blocks, dtype=dtype, device=device) for _ in range(n_layer)]
         self.capacity = capacity
         self.length = 0  # committed tokens; slots [0, length) are valid
         # [batch, slots, n_embd] once ``keep_features``: each row's residual stream after the model's
@@ -31,11 +43,11 @@ class KVCache:
         self.features: torch.Tensor | None = None
         # The layers' views per batch-entry slice, made once (_view): a batched step asks for one
         # every step, and 2 x n_layer tensor slices cost more than the rest of its Python.
-        self._views: dict[tuple[int, int], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        self._views: dict[tuple[int, int], tuple] = {}
 
     @property
     def nbytes(self) -> int:
-        kept = [] if self.features is None else [self.features]
+        kept = [*(self.key_blocks or []), *([] if self.features is None else [self.features])]
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values, *kept))
 
     def keep_features(self, n_embd: int) -> torch.Tensor:
@@ -80,9 +92,10 @@ class KVCache:
         key = (entries.start, entries.stop)
         if key not in self._views:
             self._views[key] = ([k[entries] for k in self.keys], [v[entries] for v in self.values],
-                                None if self.features is None else self.features[entries])
+                                None if self.features is None else self.features[entries],
+                                None if self.key_blocks is None else [b[entries] for b in self.key_blocks])
         view = KVCache.__new__(KVCache)
-        view.keys, view.values, view.features = self._views[key]
+        view.keys, view.values, view.features, view.key_blocks = self._views[key]
         view.capacity, view.length, view._views = self.capacity, 0, {}
         return view
 
@@ -95,6 +108,10 @@ class KVCache:
                 t[destination, :, :length].copy_(t[source, :, :length])
         if self.features is not None:
             self.features[destination, :length].copy_(self.features[source, :length])
+        if self.key_blocks is not None:
+            blocks = None if length is None else -(-length // self.key_blocks[0].shape[-1])
+            for t in self.key_blocks:
+                t[destination, :, :blocks].copy_(t[source, :, :blocks])
 
     def compact(self, sources: list[int], destination: int) -> None:
         """Copy the keys and values at slots ``sources`` to the consecutive slots from ``destination``
@@ -107,3 +124,22 @@ class KVCache:
                 t[:, :, destination : destination + len(sources)] = t.index_select(2, index)
         if self.features is not None:
             self.features[:, destination : destination + len(sources)] = self.features.index_select(1, index)
+        self.refresh_key_blocks(destination, destination + len(sources))
+
+    def refresh_key_blocks(self, start: int = 0, stop: int | None = None) -> None:
+        """Rebuild the key blocks that hold slots [start, stop) (default: all) from the keys, in every
+        entry of this cache (or view): what a writer other than the native forward must do after
+        changing keys there. Nothing to do without key blocks."""
+        if self.key_blocks is None:
+            return
+        stop = self.capacity if stop is None else min(stop, self.capacity)
+        if stop <= start:
+            return
+        lanes = self.key_blocks[0].shape[-1]
+        first, last = start // lanes, -(-stop // lanes)
+        low, high = first * lanes, min(last * lanes, self.capacity)
+        for keys, blocks in zip(self.keys, self.key_blocks):
+            rows = keys[:, :, low:high]
+            if high - low < (last - first) * lanes:  # the capacity ends inside the last block
+                rows = torch.nn.functional.pad(rows, (0, 0, 0, (last - first) * lanes - (high - low)))
+            blocks[:, :, first:last] = rows.unflatten(2, (last - first, lanes)).transpose(-1, -2)

@@ -81,12 +81,12 @@ class NativeForward:
                 and all(packed(layer) is not None for layer in products))
 
     def _cache_inputs(self, cache: KVCache, batch: int, positions_end: int) -> tuple[torch.Tensor, ...]:
-        """The RoPE tables, covering positions [0, positions_end), and the keys and values of the
-        cache's first ``batch`` entries, as the kernels take them."""
+        """The RoPE tables, covering positions [0, positions_end), and the keys, values and key blocks
+        (none where the cache keeps none) of the cache's first ``batch`` entries, as the kernels take them."""
         cos, signed_sin = self.model.rope_table(positions_end)
         # A batched step's cache is already a view of exactly its entries (KVCache.first)
         entries = cache if cache.batch == batch else cache.first(batch)
-        return cos, signed_sin, entries.keys, entries.values
+        return cos, signed_sin, entries.keys, entries.values, entries.key_blocks or []
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
                  cache: KVCache, n_layers: int | None = None, logits_rows: int | None = None,

@@ -354,8 +354,12 @@ class Transformer(nn.Module):
         return self.embed.weight.device
 
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
+        """A cache for ``batch`` sequences of ``capacity`` positions; with key blocks where the native
+        forward runs (``KVCache``: its attention then reads them instead of transposing the keys)."""
         c = self.config
-        return KVCache(c.n_layer, c.n_kv_head, c.head_dim, capacity, batch=batch, dtype=self.dtype, device=self.device)
+        lanes = kernels.key_block_lanes() if self.native is not None else None
+        return KVCache(c.n_layer, c.n_kv_head, c.head_dim, capacity, batch=batch, dtype=self.dtype, device=self.device,
+                       key_block_lanes=lanes)
 
     def _rope(self, positions: torch.Tensor, length_needed: int) -> tuple[torch.Tensor, torch.Tensor]:
         table = self.rope_table(length_needed)
@@ -511,6 +515,11 @@ class Transformer(nn.Module):
             x = block(x, rope, keys, values, slots, kv_len, mask, attend)
             if collect is not None:
                 collect.append(x)
+        if cache is not None and cache.key_blocks is not None:  # the native forward's attention reads them
+            if isinstance(slots, slice):
+                cache.refresh_key_blocks(slots.start or 0, slots.stop)
+            else:
+                cache.refresh_key_blocks(int(slots.min()), int(slots.max()) + 1)
         if cache is not None and cache.features is not None and n_layers == self.config.n_layer:
             keep_features(cache.features, slots, x)
         return x
