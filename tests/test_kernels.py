@@ -34,7 +34,7 @@ def test_a_lesser_build_this_cpu_runs_passes_the_product_and_forward_tests(isa: 
     # wherever the CPU can run it, not only the build a run picks.
     env = {**os.environ, "QUICKDRAFT_KERNELS_ISA": isa}
     done = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider", "-p",
-                           "no:xdist", __file__, "-k", "linear or native_forwards or attention"], env=env,
+                           "no:xdist", __file__, "-k", "linear or native_forwards or attention or first_maxima"], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     summary = done.stdout.strip().splitlines()[-1]
@@ -490,3 +490,29 @@ def test_a_lone_sequence_of_a_batch_drafts_in_one_call(checkpoints, temperature:
     together = engine.generate_batch(prompts, 24, sampling, gamma=3, max_batch=4)
     assert [r.token_ids for r in together] == plain
     assert len(calls) < sum(r.stats.num_drafts for r in together)  # drafted together, not one by one
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_first_maxima_are_the_indices_torch_max_gives(dtype: torch.dtype) -> None:
+    """Greedy verification's argmax (``sampling.greedy_tokens``): the first maximum on ties (rounded
+    logits tie often), rows of -inf (a subset head's missing tokens), +inf, a NaN (torch.max's own
+    answer), row lengths that end inside a vector, views whose rows are apart."""
+    from quickdraft.sampling import greedy_tokens
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(120):
+        rows, vocab = int(torch.randint(1, 20, (1,), generator=g)), int(torch.randint(1, 9000, (1,), generator=g))
+        x = (torch.randn(rows, vocab, generator=g) * 3).to(dtype)
+        if trial % 3 == 0:
+            x = x.round()
+        if trial % 5 == 0:
+            x[:, ::2] = float("-inf")
+        if trial % 7 == 0:
+            x[0] = float("-inf")
+        if trial % 11 == 0:
+            x[-1, vocab // 2] = float("nan")
+        if trial % 13 == 0:
+            x[0, vocab - 1] = float("inf")
+        for logits in (x, x[:, : max(1, vocab // 2)], x.view(1, rows, vocab)):
+            assert torch.equal(greedy_tokens(logits), torch.max(logits, -1)[1])
+        assert torch.equal(kernels.first_maxima(x), torch.max(x, -1)[1])

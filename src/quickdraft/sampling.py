@@ -19,8 +19,15 @@ __all__ = ["GREEDY", "SamplingParams", "coupled_race", "greedy_tokens", "grouped
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """The argmax along the last dimension, its first maximum on ties: every greedy pick (the target's
     and the drafters') goes through here. torch.max's indices are argmax's, ~3x faster on bf16 rows
-    here (a 8,192-token row: 10 vs 31 us)."""
-    return torch.max(logits, -1)[1]
+    here (a 8,192-token row: 10 vs 31 us); where quickdraft's CPU kernels run, ``kernels.first_maxima``
+    gives the same indices at ~2 us a row."""
+    if (logits.device.type != "cpu" or logits.dtype not in (torch.bfloat16, torch.float32) or logits.dim() == 0
+            or logits.shape[-1] == 0 or logits.numel() == 0 or torch.compiler.is_compiling() or not kernels.available()):
+        return torch.max(logits, -1)[1]
+    rows = logits.reshape(-1, logits.shape[-1])
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    return kernels.first_maxima(rows).view(logits.shape[:-1])
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -334,6 +334,12 @@ def draft_batch(tokens: torch.Tensor, positions: torch.Tensor, ks: list[int], wi
                                             _NO_SECONDS if step_seconds is None else step_seconds)
 
 
+def first_maxima(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's first maximum (logits [rows, vocab], bf16 or fp32, rows contiguous) -> int64 [rows]:
+    torch.max(logits, -1)'s indices (for a row holding a NaN, torch.max's own)."""
+    return torch.ops.quickdraft.first_maxima(logits)
+
+
 def nucleus_keep(probs: torch.Tensor, top_p: float, margin: float) -> torch.Tensor:
     """fp32 probability rows [rows, vocab] with the tokens past each row's top-p nucleus zeroed, not
     renormalised: ``sampling._nucleus``'s definition, bit for bit, in one call."""
