@@ -10,22 +10,32 @@ class TextStream:
 
     Holds back an incomplete UTF-8 character (the decoder shows it as U+FFFD) and any suffix that
     could still become a stop string, so that emitted text never has to be retracted.
+
+    The text grows incrementally: each step decodes the ids since the last whole text (``_settled``)
+    with the step before's ids as context, not the whole sequence again. A decoder's cost is linear
+    in its ids (~0.1 µs a token for the embedded tokenizer): a 1,000-token answer had cost ~100 µs a
+    step, for every sequence of a batch. The window's text less its context's is what the new ids
+    add, as long as the window starts where the text was whole (no character cut in two) and the
+    decoder treats a window's first token as it does there (a leading space dropped from both texts
+    alike); where a window's text does not start with its context's, the whole sequence is decoded.
     """
 
     def __init__(self, decode: Callable[[list[int]], str], stop: Sequence[str] = ()) -> None:
         self.decode = decode
         self.stop = [s for s in stop if s]
         self.ids: list[int] = []
-        self.text = ""
+        self.text = ""  # the text of ids[:_settled]
         self.emitted = 0
         self.stopped = False
+        self._context = 0  # ids[_context:_settled] are decoded again before the new ones
+        self._settled = 0
 
     def add(self, new_ids: list[int]) -> tuple[str, int]:
         """Append ids; returns (text delta, how many of ``new_ids`` to keep: fewer after a stop string)."""
         kept = len(new_ids)
         previous_len = len(self.text)
         self.ids.extend(new_ids)
-        self.text = self.decode(self.ids)
+        self._extend_text(final=False)
         if self.stop:
             hit = self._find_stop(previous_len)
             if hit is not None:
@@ -36,8 +46,26 @@ class TextStream:
         return self._delta(self._safe_length()), kept
 
     def finish(self) -> str:
-        """The rest of the text at the end of generation."""
+        """The rest of the text at the end of generation (an incomplete last character included)."""
+        if not self.stopped:
+            self._extend_text(final=True)
         return self._delta(len(self.text))
+
+    def _extend_text(self, final: bool) -> None:
+        """Append the text of the ids past ``_settled`` once it ends in a whole character (or ``final``)."""
+        if self._settled == len(self.ids):
+            return
+        context = self.decode(self.ids[self._context: self._settled]) if self._settled > self._context else ""
+        window = self.decode(self.ids[self._context:])
+        if not window.startswith(context):  # a decoder that rewrites earlier text: decode the whole sequence
+            whole = self.decode(self.ids)
+            if final or not whole.endswith("\ufffd"):
+                self.text = whole
+                self._context = self._settled = len(self.ids)
+            return
+        if final or (len(window) > len(context) and not window.endswith("\ufffd")):
+            self.text += window[len(context):]
+            self._context, self._settled = self._settled, len(self.ids)
 
     def _find_stop(self, previous_len: int) -> int | None:
         longest = max(len(s) for s in self.stop)
@@ -57,7 +85,7 @@ class TextStream:
         return len(new_ids)
 
     def _safe_length(self) -> int:
-        end = len(self.text) - (1 if self.text.endswith("\ufffd") else 0)
+        end = len(self.text)
         hold = 0
         for s in self.stop:
             for n in range(min(len(s) - 1, end), 0, -1):
