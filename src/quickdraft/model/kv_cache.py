@@ -130,16 +130,20 @@ class KVCache:
         """Rebuild the key blocks that hold slots [start, stop) (default: all) from the keys, in every
         entry of this cache (or view): what a writer other than the native forward must do after
         changing keys there. Nothing to do without key blocks."""
-        if self.key_blocks is None:
-            return
         stop = self.capacity if stop is None else min(stop, self.capacity)
-        if stop <= start:
+        if self.key_blocks is not None and stop > start:
+            self.refresh_key_blocks_at(torch.arange(start, stop, device=self.keys[0].device))
+
+    def refresh_key_blocks_at(self, slots: torch.Tensor) -> None:
+        """``refresh_key_blocks`` for the blocks holding ``slots`` (any shape) only: a per-op batched step
+        writes each sequence's few rows and the idle entries' scratch slots at the end of the cache,
+        and the span between them holds nothing it wrote. (Lanes past the capacity, in a last block cut
+        short, get the last slot's key: nothing reads them.)"""
+        if self.key_blocks is None or slots.numel() == 0:
             return
         lanes = self.key_blocks[0].shape[-1]
-        first, last = start // lanes, -(-stop // lanes)
-        low, high = first * lanes, min(last * lanes, self.capacity)
-        for keys, blocks in zip(self.keys, self.key_blocks):
-            rows = keys[:, :, low:high]
-            if high - low < (last - first) * lanes:  # the capacity ends inside the last block
-                rows = torch.nn.functional.pad(rows, (0, 0, 0, (last - first) * lanes - (high - low)))
-            blocks[:, :, first:last] = rows.unflatten(2, (last - first, lanes)).transpose(-1, -2)
+        blocks = torch.unique(slots.flatten() // lanes)
+        held = (blocks[:, None] * lanes + torch.arange(lanes, device=blocks.device)).clamp_(max=self.capacity - 1)
+        for keys, kept in zip(self.keys, self.key_blocks):
+            rows = keys.index_select(2, held.flatten()).unflatten(2, (len(blocks), lanes)).transpose(-1, -2)
+            kept.index_copy_(2, blocks, rows)

@@ -519,7 +519,7 @@ class Transformer(nn.Module):
             if isinstance(slots, slice):
                 cache.refresh_key_blocks(slots.start or 0, slots.stop)
             else:
-                cache.refresh_key_blocks(int(slots.min()), int(slots.max()) + 1)
+                cache.refresh_key_blocks_at(slots)
         if cache is not None and cache.features is not None and n_layers == self.config.n_layer:
             keep_features(cache.features, slots, x)
         return x
