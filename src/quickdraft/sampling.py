@@ -22,7 +22,7 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     here (a 8,192-token row: 10 vs 31 us); where quickdraft's CPU kernels run, ``kernels.first_maxima``
     gives the same indices at ~2 us a row."""
     if (logits.device.type != "cpu" or logits.dtype not in (torch.bfloat16, torch.float32) or logits.dim() == 0
-            or logits.shape[-1] == 0 or logits.numel() == 0 or torch.compiler.is_compiling() or not kernels.available()):
+            or logits.numel() == 0 or torch.compiler.is_compiling() or not kernels.available()):
         return torch.max(logits, -1)[1]
     rows = logits.reshape(-1, logits.shape[-1])
     if rows.stride(-1) != 1:
