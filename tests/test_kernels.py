@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,9 +34,12 @@ def test_a_lesser_build_this_cpu_runs_passes_the_product_and_forward_tests(isa: 
     # The machines this project runs on differ (AMX, AVX-512, AVX2): each build's rows are checked
     # wherever the CPU can run it, not only the build a run picks.
     env = {**os.environ, "QUICKDRAFT_KERNELS_ISA": isa}
+    # and the sampling kernels' tests, whose vectors differ by build too
+    files = [__file__, *(str(Path(__file__).with_name(name)) for name in ("test_seeded_sampling.py", "test_sampling.py"))]
     done = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider", "-p",
-                           "no:xdist", __file__, "-k", "linear or native_forwards or attention or first_maxima"], env=env,
-                          capture_output=True, text=True, timeout=600)
+                           "no:xdist", *files, "-k",
+                           "linear or native_forwards or attention or first_maxima or native_noise or coupled_race"],
+                          env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     summary = done.stdout.strip().splitlines()[-1]
     assert " passed" in summary and "skipped" not in summary, summary

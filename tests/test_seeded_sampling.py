@@ -109,7 +109,7 @@ def test_position_noise_is_minus_log_of_its_hashed_uniform(key):
 
 
 @pytest.mark.skipif(not kernels.available(), reason="quickdraft's CPU kernels do not build here")
-@pytest.mark.parametrize("vocab", [1, 7, 8, 9, 1000, 8192, 50_257])
+@pytest.mark.parametrize("vocab", [1, 7, 8, 9, 63, 64, 65, 1000, 8192, 50_257])  # 64: four 16-lane vectors
 def test_native_noise_has_torchs_bits(vocab):
     """The kernels and the torch fallback give the same noise bit for bit, so a seed's text does not
     depend on whether the kernels run."""

@@ -38,10 +38,11 @@ SOURCE = Path(__file__).with_name("bf16_kernels.cpp")
 BLOCK_COLUMNS = 64  # the packed layout's column block (kBlockColumns in the C++ source)
 # The instruction sets the source is built for, best first: the CPU flags each needs, the compiler's.
 ISAS = {
-    "amx_bf16": ({"amx_tile", "amx_bf16", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma"},
-                 ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mamx-tile", "-mamx-bf16")),
-    "avx512_bf16": ({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma"},
-                    ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma")),
+    "amx_bf16": ({"amx_tile", "amx_bf16", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "fma"},
+                 ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma", "-mamx-tile",
+                  "-mamx-bf16")),
+    "avx512_bf16": ({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "fma"},
+                    ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma")),
     "avx2": ({"avx2", "fma"}, ("-mavx2", "-mfma")),
 }
 
