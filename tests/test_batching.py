@@ -87,10 +87,10 @@ def test_batched_greedy_output_equals_each_request_decoded_alone(engines, drafte
 
 
 def test_requests_that_join_together_are_prefilled_together_and_keep_their_alone_output(engines, monkeypatch):
-    """18 prompts submitted at once share grouped prefill forwards (exact mode groups them where
-    the rows are invariant: the native forward); each output is still its lone decoding's."""
+    """18 prompts of 18-23 tokens submitted at once share grouped prefill forwards (exact mode groups
+    them where the rows are invariant: the native forward); each output is still its lone decoding's."""
     engine = engines["related"]
-    prompts = mixed_prompts(18)
+    prompts = [(p * 40)[: 18 + i % 6] for i, p in enumerate(mixed_prompts(18))]
     alone = [engine.generate_batch([p], 12, max_batch=16)[0].token_ids for p in prompts]
     group_sizes: list[int] = []
 
@@ -117,6 +117,18 @@ def test_prefill_groups_are_runs_of_consecutive_slots_with_bounded_padding():
     assert len(prefill_groups(lopsided, 1024, 1024, 512)) == 2  # 3 x 200 rows for 204 real ones: too much padding
     near_end = [PrefillChunk(0, [1] * 20, 0), PrefillChunk(1, [1] * 2, 250)]
     assert len(prefill_groups(near_end, 1024, 1024, 256)) == 2  # padding would run past the cache
+
+
+def test_prefill_groups_cut_a_run_where_padding_costs_more_than_another_forward():
+    """Two long prompts then four short ones: one [6, 24] forward pads 80 rows; [2, 24] and [4, 4]
+    pad none for one more forward (CALL_ROWS)."""
+    chunks = [PrefillChunk(slot, [1] * n, 0) for slot, n in enumerate([24, 24, 4, 4, 4, 4])]
+    groups = prefill_groups(chunks, max_rows=1024, max_chunk=64, capacity=256)
+    assert [[c.slot for c in g] for g in groups] == [[0, 1], [2, 3, 4, 5]]
+    alike = [PrefillChunk(slot, [1] * n, 0) for slot, n in enumerate([10, 12, 9, 11])]
+    assert len(prefill_groups(alike, 1024, 64, 256)) == 1  # 8 padding rows: less than a forward
+    tail = [PrefillChunk(slot, [1] * n, 0) for slot, n in enumerate([3, 3, 3, 40])]
+    assert [[c.slot for c in g] for g in prefill_groups(tail, 1024, 64, 256)] == [[0, 1, 2], [3]]
 
 
 def test_seeded_sampling_is_the_same_with_and_without_neighbours(engines):
