@@ -91,3 +91,38 @@ def test_streaming_a_long_answer_token_by_token_decodes_each_id_a_few_times_not_
     joined, _ = streamed(counting, ids, [1] * len(ids))
     assert joined == tok.decode(ids) and len(ids) > 800
     assert sum(decoded) <= 4 * len(ids)  # the whole prefix each step: ~len(ids)² / 2
+
+
+def rewriting_decode(ids: list[int]) -> str:
+    """A decoder whose later tokens rewrite earlier text: token 2 capitalises the character before it."""
+    out: list[str] = []
+    for i in ids:
+        if i == 2:
+            if out:
+                out[-1] = out[-1].upper()
+        else:
+            out.append("ab"[i])
+    return "".join(out)
+
+
+@settings(max_examples=100, deadline=None)
+@given(ids=st.lists(st.integers(min_value=0, max_value=2), max_size=30), cuts=CUTS)
+def test_a_decoder_that_rewrites_earlier_text_still_gives_the_whole_text_at_the_end(ids, cuts):
+    """Where a step's window no longer starts with its context's text, the stream decodes the whole
+    sequence: text already emitted stays emitted (deltas are never retracted), and the result's text
+    is the decoder's text of every id."""
+    _, stream = streamed(rewriting_decode, ids, cuts)
+    assert stream.text == rewriting_decode(ids)
+
+
+def test_the_whole_sequence_is_decoded_where_a_window_rewrites_its_context():
+    calls: list[list[int]] = []
+
+    def recording(part: list[int]) -> str:
+        calls.append(list(part))
+        return rewriting_decode(part)
+
+    ids = [0, 1, 0, 2]  # "aba", then the last 'a' capitalised: "abA"
+    _, stream = streamed(recording, ids, [1, 1, 1, 1])
+    assert stream.text == "abA"
+    assert ids in calls  # the fallback's whole decode

@@ -61,7 +61,9 @@ class TextStream:
             whole = self.decode(self.ids)
             if final or not whole.endswith("\ufffd"):
                 self.text = whole
-                self._context = self._settled = len(self.ids)
+                # the next window keeps these ids as its context, as after any step: with none, a
+                # token that rewrites the text before it would not see that text
+                self._context, self._settled = self._settled, len(self.ids)
             return
         if final or (len(window) > len(context) and not window.endswith("\ufffd")):
             self.text += window[len(context):]
