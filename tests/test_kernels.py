@@ -520,3 +520,24 @@ def test_first_maxima_are_the_indices_torch_max_gives(dtype: torch.dtype) -> Non
         for logits in (x, x[:, : max(1, vocab // 2)], x.view(1, rows, vocab)):
             assert torch.equal(greedy_tokens(logits), torch.max(logits, -1)[1])
         assert torch.equal(kernels.first_maxima(x), torch.max(x, -1)[1])
+
+
+def test_native_steps_time_their_rows_once_whatever_the_capacity(monkeypatch):
+    """A native step is one C++ call at any capacity: a request needing a larger cache reuses the row
+    timings (timing them again held its first token back ~0.4 s on the embedded target)."""
+    from quickdraft.model.compiled import CompiledSteps
+    from quickdraft.model.config import ModelConfig
+    from quickdraft.model.transformer import Transformer
+
+    config = ModelConfig(model_type="llama", vocab_size=300, n_embd=96, n_layer=2, n_head=6, n_kv_head=2,
+                         head_dim=16, intermediate_size=160, block_size=1024, norm_eps=1e-6, tie_word_embeddings=True)
+    model = Transformer(config).to(torch.bfloat16).eval()
+    assert model.pack_products() and model.native is not None
+    steps = CompiledSteps(model, enabled=True, row_buckets=(1, 2, 3))
+    timed = []
+    time_rows = steps._time_rows
+    monkeypatch.setattr(steps, "_time_rows", lambda cache, counts: timed.append(list(counts)) or time_rows(cache, counts, 2))
+    for capacity in (256, 512, 256):
+        steps.prepare(model.new_cache(capacity))
+    assert timed == [[1, 2, 3]]
+    assert 0 < steps.seconds_for(1) <= steps.seconds_for(3)
