@@ -22,7 +22,9 @@ from quickdraft.model.transformer import KERNEL_ATTENTION_ROWS, Transformer
 
 GROUP_ROWS = 1024  # rows of one grouped prefill forward on the per-op path, outside exact mode
 # What one more forward costs, in rows: the embedded target's native prefill ran [1, 8] in 1.24 ms
-# and ~0.12 ms a row from 16 rows up (Zen 4), so a call's fixed part is ~3 rows.
+# and ~0.12 ms a row from 16 rows up (Zen 4), a call's fixed part ~3 rows; bursts of the load test's
+# prompts took 0.91-0.94x round 35's time with 4, 0.92x with 8, 0.94x with 16
+# (docs/bench/round36/prefill_groups_ab.py --call-rows N).
 CALL_ROWS = 4
 
 
