@@ -11,7 +11,6 @@ config and weight files, the dtype, the device and the thread count.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import statistics
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 import torch
 
 from quickdraft.model.loader import LoadedModel
-from quickdraft.user_cache import cache_dir
+from quickdraft.user_cache import cache_dir, read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +103,7 @@ def calibrate_exit_layer(
 ) -> Calibration:
     key = model_fingerprint(target)
     path = cache_dir() / CACHE_FILE
-    cache = _read_cache(path) if use_cache else {}
+    cache = read_json(path) if use_cache else {}
     if key in cache:
         return Calibration(int(cache[key]["layer"]), {}, cached=True)
     prompts = calibration_prompts(target)
@@ -117,23 +116,5 @@ def calibrate_exit_layer(
     if use_cache:
         cache[key] = {"layer": best, "tokens_per_s": {str(k): v for k, v in rates.items()},
                       "model": str(target.path)}
-        _write_cache(path, cache)
+        write_json(path, cache)
     return Calibration(best, rates, cached=False)
-
-
-def _read_cache(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}  # no cache yet, or a damaged one: calibrate again and rewrite it
-    return data if isinstance(data, dict) else {}
-
-
-def _write_cache(path: Path, cache: dict) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cache, indent=1))
-        tmp.replace(path)  # atomic: a concurrent reader sees the old or the new file, never half
-    except OSError as exc:
-        log.warning("could not write the calibration cache %s (%s); the choice holds for this process", path, exc)

@@ -22,6 +22,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -47,15 +48,26 @@ ISAS = {
 }
 
 
-def _cpu_flags() -> set[str]:
+def _cpuinfo_field(name: str) -> str | None:
+    """The first value of ``name`` in /proc/cpuinfo (Linux), else None."""
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return set()
+        return None
     for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return set()
+        if line.startswith(name):
+            return line.partition(":")[2].strip()
+    return None
+
+
+def _cpu_flags() -> set[str]:
+    return set((_cpuinfo_field("flags") or "").split())
+
+
+@functools.cache
+def cpu_name() -> str:
+    """The CPU's model name, or the machine's architecture where /proc/cpuinfo does not say."""
+    return _cpuinfo_field("model name") or platform.machine()
 
 
 @functools.cache

@@ -15,6 +15,7 @@ streams them at memory bandwidth. The embedded target's 25 weight products for o
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import statistics
 import time
@@ -24,14 +25,17 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from quickdraft import kernels
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.transformer import Transformer
+from quickdraft.user_cache import cache_dir, read_json, write_json
 
 log = logging.getLogger(__name__)
 
 MIN_STATIC_CAPACITY = 256
-# Rounds of the per-row-count timing that auto γ's verify costs come from: ~0.2 s for the embedded
-# target, once per cache capacity. With 12 rounds a 5-row call measured 1.14-1.34 1-row calls across
+ROW_TIMINGS_FILE = "row_timings.json"
+# Rounds of the per-row-count timing that auto γ's verify costs come from: ~0.2-0.4 s for the embedded
+# target, once per cache capacity for compiled graphs, once per machine for native steps. With 12 rounds a 5-row call measured 1.14-1.34 1-row calls across
 # processes, with 40 1.19-1.25, and the demo's speedups moved with it.
 TIMING_ROUNDS = 32
 
@@ -124,18 +128,44 @@ class CompiledSteps:
             return
         if self.model.native is not None:
             # One C++ call per step whatever the capacity: nothing to build, and its rows are timed once
-            # a process. Timing them again for each larger capacity (32 rounds of 1-9 rows) held the
-            # first request of each back ~0.4 s before its first token.
+            # per machine and model shape. Timing them again for each larger capacity (32 rounds of 1-9
+            # rows) held the first request of each back ~0.4 s before its first token.
             self._built.update((rows, cache.capacity) for rows in self.row_buckets)
             if not self.row_seconds:
-                with torch.inference_mode():
-                    self.row_seconds = self._time_rows(cache, range(1, self.max_rows + 1))
+                self.row_seconds = self._remembered_row_seconds(cache)
             return
         self.model.prepare_static(cache.capacity)
         with torch.inference_mode():
             for rows in self.row_buckets:
                 self.run([0] * rows, 0, cache)
             self.row_seconds = self._time_rows(cache, self.row_buckets)
+
+    def _remembered_row_seconds(self, cache: KVCache) -> dict[int, float]:
+        """A native step's time for each row count, timed once per machine and model shape and kept in
+        the user cache (ROW_TIMINGS_FILE; deleting it times them again): every process then plans
+        with the same verify costs, and none spends ~0.4 s timing them before its first token (a
+        quarter of a short ``quickdraft generate`` beyond importing torch)."""
+        path, key = cache_dir() / ROW_TIMINGS_FILE, self._row_timing_key()
+        counts = range(1, self.max_rows + 1)
+        kept = read_json(path).get(key)
+        try:
+            return {rows: float(kept[str(rows)]) for rows in counts}  # type: ignore[index]
+        except (TypeError, KeyError, ValueError):
+            pass  # none kept yet, or not what this file holds: time them
+        with torch.inference_mode():
+            seconds = self._time_rows(cache, counts)
+        stored = read_json(path)  # another process may have written meanwhile
+        stored[key] = {str(rows): value for rows, value in seconds.items()}
+        write_json(path, stored)
+        return seconds
+
+    def _row_timing_key(self) -> str:
+        """What a native step's cost depends on: the model's shape and dtype, the kernels' build, the
+        thread count and the CPU (not the weights' values)."""
+        model = self.model
+        parts = (repr(model.config), len(model.layers), model.lm_head.out_features, model.dtype, model.device,
+                 kernels.loaded_isa(), torch.get_num_threads(), self.max_rows, kernels.cpu_name())
+        return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
 
     def rows_agree_cached(self, cache: KVCache) -> bool:
         """``rows_agree`` once per capacity (the answer is a fact of the graphs)."""
