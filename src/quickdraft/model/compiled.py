@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 MIN_STATIC_CAPACITY = 256
 ROW_TIMINGS_FILE = "row_timings.json"
+ROW_TIMING_SAMPLES = 5  # processes that time the native steps' rows on a machine; later ones read their median
 # Rounds of the per-row-count timing that auto γ's verify costs come from: ~0.2-0.4 s for the embedded
 # target, once per cache capacity for compiled graphs, once per machine for native steps. With 12 rounds a 5-row call measured 1.14-1.34 1-row calls across
 # processes, with 40 1.19-1.25, and the demo's speedups moved with it.
@@ -141,22 +142,26 @@ class CompiledSteps:
             self.row_seconds = self._time_rows(cache, self.row_buckets)
 
     def _remembered_row_seconds(self, cache: KVCache) -> dict[int, float]:
-        """A native step's time for each row count, timed once per machine and model shape and kept in
-        the user cache (ROW_TIMINGS_FILE; deleting it times them again): every process then plans
-        with the same verify costs, and none spends ~0.4 s timing them before its first token (a
-        quarter of a short ``quickdraft generate`` beyond importing torch)."""
+        """A native step's time for each row count, kept per machine and model shape in the user cache
+        (ROW_TIMINGS_FILE; deleting it times them again): the first ROW_TIMING_SAMPLES processes each
+        time them and keep their sample, and every process plans with the samples' median. After that
+        every process plans with the same verify costs, and none spends ~0.4 s timing them before its
+        first token (a quarter of a short ``quickdraft generate`` beyond importing torch). A median of
+        several: two processes minutes apart measured a 5-row call at 1.16 and 1.01 1-row calls."""
         path, key = cache_dir() / ROW_TIMINGS_FILE, self._row_timing_key()
         counts = range(1, self.max_rows + 1)
-        kept = read_json(path).get(key)
-        try:
-            return {rows: float(kept[str(rows)]) for rows in counts}  # type: ignore[index]
-        except (TypeError, KeyError, ValueError):
-            pass  # none kept yet, or not what this file holds: time them
-        with torch.inference_mode():
-            seconds = self._time_rows(cache, counts)
-        stored = read_json(path)  # another process may have written meanwhile
-        stored[key] = {str(rows): value for rows, value in seconds.items()}
-        write_json(path, stored)
+        samples = _row_samples(read_json(path).get(key), counts)
+        if len(samples) < ROW_TIMING_SAMPLES:
+            with torch.inference_mode():
+                fresh = self._time_rows(cache, counts)
+            stored = read_json(path)  # another process may have written meanwhile
+            samples = [*_row_samples(stored.get(key), counts), fresh][-ROW_TIMING_SAMPLES:]
+            stored[key] = [{str(rows): value for rows, value in sample.items()} for sample in samples]
+            write_json(path, stored)
+        seconds, floor = {}, 0.0
+        for rows in counts:  # non-decreasing in rows, as each sample is
+            floor = max(floor, statistics.median(sample[rows] for sample in samples))
+            seconds[rows] = floor
         return seconds
 
     def _row_timing_key(self) -> str:
@@ -316,3 +321,17 @@ class CompiledTreeSteps:
         x = torch.tensor([tokens], device=device)
         return self.model.forward_tree(x, torch.tensor(positions, device=device), torch.tensor(slots, device=device),
                                        mask.to(device), cache)[0]
+
+
+def _row_samples(kept: object, counts: Iterable[int]) -> list[dict[int, float]]:
+    """The row-timing samples a cache entry holds (a list of {rows: seconds}); none where it holds
+    something else (an older format, a damaged file)."""
+    if not isinstance(kept, list):
+        return []
+    samples = []
+    for sample in kept:
+        try:
+            samples.append({rows: float(sample[str(rows)]) for rows in counts})
+        except (TypeError, KeyError, ValueError):
+            continue
+    return samples
