@@ -36,7 +36,8 @@ MIN_STATIC_CAPACITY = 256
 ROW_TIMINGS_FILE = "row_timings.json"
 ROW_TIMING_SAMPLES = 5  # processes that time the native steps' rows on a machine; later ones read their median
 # Rounds of the per-row-count timing that auto γ's verify costs come from: ~0.2-0.4 s for the embedded
-# target, once per cache capacity for compiled graphs, once per machine for native steps. With 12 rounds a 5-row call measured 1.14-1.34 1-row calls across
+# target, once per cache capacity for compiled graphs, in the first ROW_TIMING_SAMPLES processes on a
+# machine for native steps. With 12 rounds a 5-row call measured 1.14-1.34 1-row calls across
 # processes, with 40 1.19-1.25, and the demo's speedups moved with it.
 TIMING_ROUNDS = 32
 
@@ -158,11 +159,7 @@ class CompiledSteps:
             samples = [*_row_samples(stored.get(key), counts), fresh][-ROW_TIMING_SAMPLES:]
             stored[key] = [{str(rows): value for rows, value in sample.items()} for sample in samples]
             write_json(path, stored)
-        seconds, floor = {}, 0.0
-        for rows in counts:  # non-decreasing in rows, as each sample is
-            floor = max(floor, statistics.median(sample[rows] for sample in samples))
-            seconds[rows] = floor
-        return seconds
+        return _non_decreasing({rows: statistics.median(sample[rows] for sample in samples) for rows in counts})
 
     def _row_timing_key(self) -> str:
         """What a native step's cost depends on: the model's shape and dtype, the kernels' build, the
@@ -190,11 +187,7 @@ class CompiledSteps:
                 start = time.perf_counter()
                 self.run([0] * rows, 0, cache)
                 times[rows].append(time.perf_counter() - start)
-        seconds, floor = {}, 0.0
-        for rows in counts:
-            floor = max(floor, statistics.median(times[rows]))
-            seconds[rows] = floor
-        return seconds
+        return _non_decreasing({rows: statistics.median(times[rows]) for rows in counts})
 
     def seconds_for(self, rows: int) -> float:
         """A call's measured time for ``rows`` rows (native steps run them unpadded; compiled graphs
@@ -321,6 +314,15 @@ class CompiledTreeSteps:
         x = torch.tensor([tokens], device=device)
         return self.model.forward_tree(x, torch.tensor(positions, device=device), torch.tensor(slots, device=device),
                                        mask.to(device), cache)[0]
+
+
+def _non_decreasing(seconds: dict[int, float]) -> dict[int, float]:
+    """Each row count's time lifted to the largest of the fewer rows' ({rows: seconds} in ascending rows)."""
+    lifted, floor = {}, 0.0
+    for rows, value in seconds.items():
+        floor = max(floor, value)
+        lifted[rows] = floor
+    return lifted
 
 
 def _row_samples(kept: object, counts: Iterable[int]) -> list[dict[int, float]]:
