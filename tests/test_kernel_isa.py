@@ -4,7 +4,7 @@ import pytest
 
 from quickdraft import kernels
 
-AVX512 = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}
+AVX512 = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16"}
 AMX = AVX512 | {"amx_tile", "amx_bf16"}
 
 
@@ -20,6 +20,7 @@ def tiles_granted(monkeypatch):
     (AVX512, "avx512_bf16"),
     (AVX512 - {"avx512_bf16"}, "avx2"),  # AVX-512 without bf16 dot products: the AVX2 build
     (AVX512 - {"avx512dq"}, "avx2"),  # the noise's 64-bit products need DQ (every bf16 CPU has it)
+    (AVX512 - {"avx512_vnni"}, "avx2"),  # the drafts' int8 products need VNNI (every bf16 CPU has it)
     ({"avx2", "fma", "f16c"}, "avx2"),
     ({"avx2"}, None),  # no fused multiply-add
     (set(), None),  # not x86, or no /proc/cpuinfo

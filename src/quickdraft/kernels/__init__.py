@@ -38,12 +38,14 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("bf16_kernels.cpp")
 BLOCK_COLUMNS = 64  # the packed layout's column block (kBlockColumns in the C++ source)
 # The instruction sets the source is built for, best first: the CPU flags each needs, the compiler's.
+# Every CPU with AVX512-BF16 also has DQ and VNNI (int8 dot products: pack_int8's drafts).
 ISAS = {
-    "amx_bf16": ({"amx_tile", "amx_bf16", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "fma"},
-                 ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma", "-mamx-tile",
-                  "-mamx-bf16")),
-    "avx512_bf16": ({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "fma"},
-                    ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma")),
+    "amx_bf16": ({"amx_tile", "amx_bf16", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16",
+                  "fma"},
+                 ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mavx512bf16", "-mfma",
+                  "-mamx-tile", "-mamx-bf16")),
+    "avx512_bf16": ({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "fma"},
+                    ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mavx512bf16", "-mfma")),
     "avx2": ({"avx2", "fma"}, ("-mavx2", "-mfma")),
 }
 
@@ -238,8 +240,36 @@ def pack_f32(weight: torch.Tensor) -> torch.Tensor:
     return _column_blocks(weight).permute(0, 2, 1).contiguous()
 
 
+def pack_int8(weight: torch.Tensor) -> torch.Tensor:
+    """A [N, K] weight (K a multiple of 4) quantised to int8 for the whole forward's int8 products (a
+    draft's, ``int8_products()``): per column, round(w * 127 / max|w|), in the layout
+    [ceil(N/64), K/4 * 256 + 512] int8 - per block of 64 columns, K/4 lines of each column's four
+    consecutive input weights, then the columns' fp32 scales and int32 offsets (128 x the column's
+    sum, which takes back the activations' shift to unsigned bytes)."""
+    n, k = weight.shape
+    if k % 4:
+        raise ValueError(f"pack_int8 needs an input size that is a multiple of 4, got [{n}, {k}]")
+    columns = weight.detach().cpu().float()
+    largest = columns.abs().amax(dim=1)
+    scale = torch.where(largest > 0, largest / 127, torch.ones_like(largest))
+    levels = torch.round(columns / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    blocks = _column_blocks(levels)  # [blocks, 64, K]
+    lines = blocks.view(blocks.shape[0], BLOCK_COLUMNS, k // 4, 4).permute(0, 2, 1, 3).reshape(blocks.shape[0], -1)
+    scales = torch.ones(blocks.shape[0] * BLOCK_COLUMNS)
+    scales[:n] = scale
+    offsets = 128 * blocks.sum(dim=2, dtype=torch.int32)
+    return torch.cat([lines, scales.view(blocks.shape[0], BLOCK_COLUMNS).view(torch.int8),
+                      offsets.view(torch.int8)], dim=1).contiguous()
+
+
+def int8_products() -> bool:
+    """True when the loaded kernels take ``pack_int8``'s weights (their AVX-512 builds)."""
+    return available() and bool(torch.ops.quickdraft.int8_products())
+
+
 def linear_bf16(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n_out: int) -> torch.Tensor:
-    """x [..., K] bf16 @ Wᵀ (+ bias) -> [..., n_out] bf16, W packed by ``pack_bf16``."""
+    """x [..., K] bf16 @ Wᵀ (+ bias) -> [..., n_out] bf16, W packed by ``pack_bf16`` (or by ``pack_int8``:
+    the rows quantised to 8 bits too, the int8 product of a draft's whole forward)."""
     return torch.ops.quickdraft.linear_bf16(x, packed, bias, n_out)
 
 

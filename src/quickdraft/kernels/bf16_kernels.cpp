@@ -19,6 +19,9 @@
 // instructions whatever the number of rows, its place among them or the thread count: a row's
 // bits do not depend on its neighbours.
 //
+// A draft's products may instead take int8 weights (pack_int8, AVX-512 VNNI builds): see "int8 weight
+// products" below.
+//
 // Packed layout [ceil(N/64), K/2, 64, 2]: for each block of 64 output columns and each pair of
 // inputs (2p, 2p+1), the 64 columns' two weights side by side - one 256-byte line per pair, as
 // _mm512_dpbf16_ps consumes them (K even; N padded with zero columns). fp32 weights: [ceil(N/64), K, 64].
@@ -595,22 +598,6 @@ void check_packed(const at::Tensor& packed, int64_t k, int64_t n_out) {
               n_out > (packed.size(0) - 1) * kBlockColumns, "shapes do not match the packed weight");
 }
 
-at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                       int64_t n_out) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16, "linear_bf16: bf16 only");
-  const int64_t k = x.size(-1);
-  check_packed(packed, k, n_out);
-  at::Tensor rows = x.reshape({-1, k}).contiguous();
-  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
-  out_shape.back() = n_out;
-  at::Tensor y = at::empty({rows.size(0), n_out}, x.options());
-  at::Tensor bias_f32;
-  if (bias.has_value()) bias_f32 = bias->to(at::kFloat).contiguous();
-  linear_rows(rows.data_ptr<at::BFloat16>(), rows.size(0), packed,
-              bias.has_value() ? bias_f32.data_ptr<float>() : nullptr, n_out, y.data_ptr<at::BFloat16>());
-  return y.view(out_shape);
-}
-
 void check_packed_f32(const at::Tensor& packed, int64_t k, int64_t n_out) {
   TORCH_CHECK(packed.scalar_type() == at::kFloat && packed.dim() == 3 && packed.size(2) == kBlockColumns &&
               packed.is_contiguous(), "weight not packed by quickdraft.kernels.pack_f32");
@@ -620,6 +607,154 @@ void check_packed_f32(const at::Tensor& packed, int64_t k, int64_t n_out) {
 
 inline void check_packed_for(const at::BFloat16*, const at::Tensor& packed, int64_t k, int64_t n) { check_packed(packed, k, n); }
 inline void check_packed_for(const float*, const at::Tensor& packed, int64_t k, int64_t n) { check_packed_f32(packed, k, n); }
+
+// ---- int8 weight products (a draft's: its guesses, never the target's logits) -----------------
+// A draft's step streams its weights for one or a few rows: int8 weights halve the bytes of bf16.
+// Each weight column has its own scale (symmetric, 127 levels), each activation row its own (the
+// row's largest magnitude over 127, rounded to nearest), shifted by 128 to unsigned bytes for
+// vpdpbusd, whose sums of four u8 x s8 products never saturate; the shift comes back out as 128 x
+// the column's weight sum. A row's quantisation and sums are its own: its result does not depend on
+// the other rows, as for the bf16 products.
+//
+// Packed layout, one int8 tensor [ceil(N/64), K/4 * 256 + 512] (K a multiple of 4): per block of 64
+// output columns, K/4 lines of the 64 columns' four consecutive input weights, then the columns'
+// fp32 scales, then their int32 offsets (128 x the column's sum). Built by kernels.pack_int8.
+constexpr int64_t kInt8Line = 4 * kBlockColumns;
+constexpr int64_t kInt8Trailer = 2 * kBlockColumns * 4;
+
+void check_packed_int8(const at::Tensor& packed, int64_t k, int64_t n_out) {
+  TORCH_CHECK(packed.scalar_type() == at::kChar && packed.dim() == 2 && packed.is_contiguous(),
+              "weight not packed by quickdraft.kernels.pack_int8");
+  TORCH_CHECK(k % 4 == 0 && packed.size(1) == k / 4 * kInt8Line + kInt8Trailer &&
+              n_out <= packed.size(0) * kBlockColumns && n_out > (packed.size(0) - 1) * kBlockColumns,
+              "shapes do not match the packed int8 weight");
+}
+
+#if defined(__AVX512VNNI__)
+constexpr bool kInt8Products = true;
+
+// Row r of x [m, k] as k unsigned bytes round(x * 127 / max|x|) + 128, and its scale max|x| / 127.
+template <typename T>
+void quantize_rows(const T* x, int64_t m, int64_t k, uint8_t* q, float* scale) {
+  for (int64_t r = 0; r < m; ++r) {
+    const T* row = x + r * k;
+    V top = Simd::zero();
+    for (int64_t i = 0; i < k; i += kLanes) {
+      const V v = Simd::load(row + i, k - i);
+      top = Simd::max(top, Simd::max(v, Simd::sub(Simd::zero(), v)));
+    }
+    const float largest = Simd::top(top);
+    scale[r] = largest > 0.0f ? largest / 127.0f : 1.0f;
+    const V inverse = Simd::set1(largest > 0.0f ? 127.0f / largest : 0.0f);
+    for (int64_t i = 0; i < k; i += kLanes) {
+      const __m512i levels = _mm512_add_epi32(
+          _mm512_cvtps_epi32(Simd::round_nearest(Simd::mul(Simd::load(row + i, k - i), inverse))), _mm512_set1_epi32(128));
+      _mm512_mask_cvtusepi32_storeu_epi8(q + r * k + i, Simd::keep(k - i), levels);
+    }
+  }
+}
+
+template <int Rows, typename T>
+void tile_int8(const uint32_t* x, int64_t x_stride, const __m512i* weights, int64_t quads, const float* row_scale,
+               const char* trailer, const float* bias, T* y, int64_t y_stride, int64_t columns) {
+  __m512i acc[Rows * 4];
+  for (int i = 0; i < Rows * 4; ++i) acc[i] = _mm512_setzero_si512();
+  for (int64_t q = 0; q < quads; ++q) {
+    const __m512i* line = weights + 4 * q;
+    const __m512i w0 = _mm512_loadu_si512(line), w1 = _mm512_loadu_si512(line + 1);
+    const __m512i w2 = _mm512_loadu_si512(line + 2), w3 = _mm512_loadu_si512(line + 3);
+    for (int r = 0; r < Rows; ++r) {
+      const __m512i xq = _mm512_set1_epi32(static_cast<int>(x[r * x_stride + q]));
+      acc[r * 4 + 0] = _mm512_dpbusd_epi32(acc[r * 4 + 0], xq, w0);
+      acc[r * 4 + 1] = _mm512_dpbusd_epi32(acc[r * 4 + 1], xq, w1);
+      acc[r * 4 + 2] = _mm512_dpbusd_epi32(acc[r * 4 + 2], xq, w2);
+      acc[r * 4 + 3] = _mm512_dpbusd_epi32(acc[r * 4 + 3], xq, w3);
+    }
+  }
+  const auto* column_scale = reinterpret_cast<const float*>(trailer);
+  const auto* offset = reinterpret_cast<const int32_t*>(trailer + kBlockColumns * 4);
+  for (int c = 0; c < 4; ++c) {
+    const int64_t first = c * 16;
+    if (first >= columns) break;
+    const __m512 s = _mm512_loadu_ps(column_scale + first);
+    const __m512i o = _mm512_loadu_si512(offset + first);
+    const __m512 b = bias ? Simd::load(bias + first, columns - first) : _mm512_setzero_ps();
+    for (int r = 0; r < Rows; ++r) {
+      const __m512 sums = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r * 4 + c], o));
+      Simd::store(y + r * y_stride + first, columns - first,
+                  _mm512_add_ps(_mm512_mul_ps(sums, _mm512_mul_ps(s, _mm512_set1_ps(row_scale[r]))), b));
+    }
+  }
+}
+
+template <typename T>
+using TileInt8 = void (*)(const uint32_t*, int64_t, const __m512i*, int64_t, const float*, const char*, const float*, T*,
+                          int64_t, int64_t);
+template <typename T>
+constexpr TileInt8<T> kTilesInt8[7] = {nullptr, tile_int8<1, T>, tile_int8<2, T>, tile_int8<3, T>,
+                                       tile_int8<4, T>, tile_int8<5, T>, tile_int8<6, T>};
+
+// y [m, n_out] = x [m, K] @ W^T (+ bias, fp32), W packed by kernels.pack_int8.
+template <typename T>
+void linear_rows_int8(const T* x, int64_t m, const at::Tensor& packed, const float* bias, int64_t n_out, T* y) {
+  const int64_t blocks = packed.size(0), block_bytes = packed.size(1);
+  const int64_t quads = (block_bytes - kInt8Trailer) / kInt8Line, k = 4 * quads;
+  std::vector<uint8_t> levels(m * k);
+  std::vector<float> row_scale(m);
+  quantize_rows(x, m, k, levels.data(), row_scale.data());
+  const auto* xs = reinterpret_cast<const uint32_t*>(levels.data());
+  const auto* base = reinterpret_cast<const char*>(packed.data_ptr<int8_t>());
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t first = block * kBlockColumns;
+      const int64_t columns = std::min(kBlockColumns, n_out - first);
+      const char* w = base + block * block_bytes;
+      for (int64_t r = 0; r < m; r += 6) {
+        const int64_t n = std::min<int64_t>(6, m - r);
+        kTilesInt8<T>[n](xs + r * quads, quads, reinterpret_cast<const __m512i*>(w), quads, row_scale.data() + r,
+                         w + quads * kInt8Line, bias ? bias + first : nullptr, y + r * n_out + first, n_out, columns);
+      }
+    }
+  });
+}
+#else
+constexpr bool kInt8Products = false;
+
+template <typename T>
+void linear_rows_int8(const T*, int64_t, const at::Tensor&, const float*, int64_t, T*) {
+  TORCH_CHECK(false, "int8 weight products need the AVX-512 VNNI build of quickdraft's kernels");
+}
+#endif
+
+// A whole forward's product: y [m, n_out] = x [m, k] @ W^T (+ bias), W packed for the rows' dtype
+// (pack_bf16, pack_f32) or as int8 (pack_int8, a draft's).
+template <typename T>
+void product(const T* x, int64_t m, const at::Tensor& packed, const float* bias, int64_t k, int64_t n_out, T* y) {
+  if (packed.scalar_type() == at::kChar) {
+    check_packed_int8(packed, k, n_out);
+    linear_rows_int8(x, m, packed, bias, n_out, y);
+  } else {
+    check_packed_for(x, packed, k, n_out);
+    linear_rows(x, m, packed, bias, n_out, y);
+  }
+}
+
+bool int8_products() { return kInt8Products; }
+
+at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                       int64_t n_out) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16, "linear_bf16: bf16 only");
+  const int64_t k = x.size(-1);
+  at::Tensor rows = x.reshape({-1, k}).contiguous();
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = n_out;
+  at::Tensor y = at::empty({rows.size(0), n_out}, x.options());
+  at::Tensor bias_f32;
+  if (bias.has_value()) bias_f32 = bias->to(at::kFloat).contiguous();
+  product(rows.data_ptr<at::BFloat16>(), rows.size(0), packed, bias.has_value() ? bias_f32.data_ptr<float>() : nullptr,
+          k, n_out, y.data_ptr<at::BFloat16>());
+  return y.view(out_shape);
+}
 
 // ---- attention ------------------------------------------------------------------------------
 // Each query row attends over the cache slots its mask marks. A row's result is a function of
@@ -1043,8 +1178,7 @@ at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions,
     std::copy(emb + tok[r] * e, emb + (tok[r] + 1) * e, h + r * e);
   }
   if (n_weights > token_proj_at) {
-    check_packed_for(h, weights[token_proj_at], e, e);
-    linear_rows(h, m, weights[token_proj_at], nullptr, e, proj);
+    product(h, m, weights[token_proj_at], nullptr, e, e, proj);
     std::copy(proj, proj + m * e, h);
   }
   const auto add_into_residual = [&](const T* y) {
@@ -1055,9 +1189,8 @@ at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions,
     TORCH_CHECK(input_features.dim() == 2 && input_features.size(0) == m && input_features.size(1) == e &&
                 input_features.scalar_type() == embed.scalar_type() && input_features.is_contiguous(),
                 "forward: input_features is a contiguous [rows, E] tensor of the weights' dtype");
-    check_packed_for(h, feature_proj, e, e);
     at::Tensor projected_features = at::empty({m, e}, opts);
-    linear_rows(input_features.data_ptr<T>(), m, feature_proj, nullptr, e, projected_features.data_ptr<T>());
+    product(input_features.data_ptr<T>(), m, feature_proj, nullptr, e, e, projected_features.data_ptr<T>());
     add_into_residual(projected_features.data_ptr<T>());
   }
   const auto* cs = cos.data_ptr<T>();
@@ -1065,8 +1198,7 @@ at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions,
   for (int64_t layer = 0; layer < n_layers; ++layer) {
     const at::Tensor* w = &weights[1 + kPerLayer * layer];
     rms_norm_rows(h, m, e, w[0].data_ptr<T>(), static_cast<float>(eps), xn);
-    check_packed_for(h, w[1], e, qkv_dim);
-    linear_rows(xn, m, w[1], w[2].numel() ? w[2].data_ptr<float>() : nullptr, qkv_dim, qkvs);
+    product(xn, m, w[1], w[2].numel() ? w[2].data_ptr<float>() : nullptr, e, qkv_dim, qkvs);
     // RoPE on the query and key heads (rotate-half layout, sign folded into signed_sin), then the
     // keys and values into their cache slots.
     T* kc = keys[layer].data_ptr<T>();
@@ -1115,13 +1247,11 @@ at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions,
     const AttentionLayout layout{batch, t, n_head, n_kv, d, mask.size(2), qkv_dim, q_dim, k0, k1, v0, v1, mask.size(0),
                                  kb0, kb1};
     attend_rows(layout, qkvs, kc, vc, static_cast<const T*>(kb), mask.data_ptr<bool>(), att);
-    check_packed_for(h, w[3], q_dim, e);
-    linear_rows(att, m, w[3], nullptr, e, proj);
+    product(att, m, w[3], nullptr, q_dim, e, proj);
     add_into_residual(proj);
     if (w[5].numel() == 0) continue;  // an attention-only layer (a self-draft's exit adapter): no MLP
     rms_norm_rows(h, m, e, w[4].data_ptr<T>(), static_cast<float>(eps), xn);
-    check_packed_for(h, w[5], e, 2 * intermediate);
-    linear_rows(xn, m, w[5], nullptr, 2 * intermediate, gu);
+    product(xn, m, w[5], nullptr, e, 2 * intermediate, gu);
     for (int64_t r = 0; r < m; ++r) {  // silu(gate) * up, each rounded to bf16 as the eager model does
       const T* g = gu + r * 2 * intermediate;
       for (int64_t i = 0; i < intermediate; i += kLanes) {
@@ -1131,8 +1261,7 @@ at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions,
         Simd::store(hid + r * intermediate + i, n, Simd::mul(Elem<T>::round(silu), Simd::load(g + intermediate + i, n)));
       }
     }
-    check_packed_for(h, w[6], intermediate, e);
-    linear_rows(hid, m, w[6], nullptr, e, proj);
+    product(hid, m, w[6], nullptr, intermediate, e, proj);
     add_into_residual(proj);
   }
   if (features_out.numel()) {
@@ -1156,8 +1285,7 @@ at::Tensor forward_native(const at::Tensor& tokens, const at::Tensor& positions,
     for (int64_t b = 0; b < batch; ++b)
       std::copy(h + (b * t + t - logits_rows) * e, h + (b + 1) * t * e, h + b * logits_rows * e);
   rms_norm_rows(h, kept, e, tail[0].data_ptr<T>(), static_cast<float>(eps), xn);
-  check_packed_for(h, tail[1], e, vocab);
-  linear_rows(xn, kept, tail[1], nullptr, vocab, logits.data_ptr<T>());
+  product(xn, kept, tail[1], nullptr, e, vocab, logits.data_ptr<T>());
   return logits;
 }
 
@@ -1867,6 +1995,7 @@ TORCH_LIBRARY(quickdraft, m) {
         "Tensor feature_proj, Tensor(d!) features_out, bool hold_features, Tensor(e!) step_seconds) -> Tensor");
   m.def("nucleus_keep(Tensor probs, float top_p, float margin) -> Tensor");
   m.def("first_maxima(Tensor logits) -> Tensor");
+  m.def("int8_products() -> bool", &int8_products);
   m.def("exponential_noise(Tensor keys, int vocab) -> Tensor");
   m.def("nucleus_race(Tensor probs, Tensor noise, float top_p, float margin) -> Tensor");
 }

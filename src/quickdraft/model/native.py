@@ -34,22 +34,32 @@ def packed(layer: torch.nn.Linear) -> torch.Tensor | None:
     return layer._buffers.get("packed_bf16", layer._buffers.get("packed_f32"))
 
 
+def packed_int8(layer: torch.nn.Linear) -> torch.Tensor | None:
+    """The layer's weight quantised to int8 (``kernels.pack_int8``), or its ``packed`` copy when its
+    input size is not a multiple of 4."""
+    return kernels.pack_int8(layer.weight) if layer.in_features % 4 == 0 else packed(layer)
+
+
 class NativeForward:
-    def __init__(self, model: Transformer) -> None:
+    def __init__(self, model: Transformer, int8_products: bool = False) -> None:
+        """``int8_products``: every weight product int8 (``kernels.int8_products()``), for a draft: its
+        step streams half the bytes, and only its guesses change (the target verifies them)."""
         self.model = model
+        self.int8_products = int8_products
+        product = packed_int8 if int8_products else packed
         c = model.config
         empty = torch.empty(0)
         weights = [model.embed.weight.detach()]
         for block in model.layers:
             bias = block.attn.qkv.bias
             mlp = ([empty] * 3 if block.mlp is None  # an attention-only layer: the kernel skips its MLP
-                   else [block.mlp_norm.weight.detach(), packed(block.mlp.up), packed(block.mlp.down)])
-            weights += [block.attn_norm.weight.detach(), packed(block.attn.qkv),
-                        empty if bias is None else bias.detach().float().contiguous(), packed(block.attn.out), *mlp]
-        weights += [model.norm.weight.detach(), packed(model.lm_head)]
+                   else [block.mlp_norm.weight.detach(), product(block.mlp.up), product(block.mlp.down)])
+            weights += [block.attn_norm.weight.detach(), product(block.attn.qkv),
+                        empty if bias is None else bias.detach().float().contiguous(), product(block.attn.out), *mlp]
+        weights += [model.norm.weight.detach(), product(model.lm_head)]
         token_proj = getattr(model, "fuse_token", None)  # a feature draft's W_token, not folded into its table
         if token_proj is not None:
-            weights.append(packed(token_proj))
+            weights.append(product(token_proj))
         self.weights = weights
         self.shape = (c.n_head, c.n_kv_head, c.head_dim, c.intermediate_size, model.lm_head.out_features)
         self.eps = c.norm_eps

@@ -551,6 +551,16 @@ class Transformer(nn.Module):
             self.native = NativeForward(self)
         return True
 
+    def quantize_native_products(self) -> bool:
+        """Give the whole forward int8 weight products (True when done; a draft's: ``NativeForward``'s
+        ``int8_products``), where ``pack_products`` gave it a whole forward and the kernels take int8.
+        The per-op path (longer prefills) keeps the packed weights."""
+        if self.native is None or not kernels.int8_products():
+            return False
+        if not self.native.int8_products:
+            self.native = NativeForward(self, int8_products=True)
+        return True
+
     @property
     def products_packed(self) -> bool:
         return "packed_bf16" in self.lm_head._buffers

@@ -1,0 +1,100 @@
+"""A draft's int8 weight products (``kernels.pack_int8``): exactly the quantised product they define,
+a row's bits independent of the other rows, and a whole forward that stays close to the bf16 one.
+Only drafts use them, so only the guesses change: the target's verification keeps every output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quickdraft import kernels
+from quickdraft.model.config import ModelConfig
+from quickdraft.model.native import NativeForward
+from quickdraft.model.transformer import Transformer
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="needs a CPU with AVX2 or better and a C++ compiler")
+
+
+def _bf16(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).bfloat16()
+
+
+def _quantised_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The definition, in torch: columns and rows each scaled to 127 levels (round half to even),
+    their integer dot products exact, then rescaled in fp32 and rounded to bf16."""
+    w = weight.float()
+    w_largest = w.abs().amax(dim=1)
+    w_scale = torch.where(w_largest > 0, w_largest / 127, torch.ones_like(w_largest))
+    w_levels = torch.round(w / w_scale[:, None]).clamp(-127, 127).long()
+    rows = x.float()
+    largest = rows.abs().amax(dim=1)
+    levels = torch.full_like(largest, 127)  # tensor by tensor: torch divides a scalar by a tensor as a reciprocal
+    x_scale = torch.where(largest > 0, largest / levels, torch.ones_like(largest))
+    inverse = torch.where(largest > 0, levels / largest, torch.zeros_like(largest))
+    x_levels = torch.round(rows * inverse[:, None]).long()
+    sums = (x_levels @ w_levels.T).float()
+    y = sums * (w_scale[None, :] * x_scale[:, None])
+    if bias is not None:
+        y = y + bias.float()
+    return y.bfloat16()
+
+
+# 37 rows: the 6-row tiles and a partial last one; 200 outputs: a partial last column block; input
+# sizes of whole and partial 16-lane vectors (a row's quantisation); a zero row (scale 1, all zero).
+@pytest.mark.parametrize("n_out,k,bias", [(200, 384, True), (64, 96, False), (130, 36, True)])
+def test_int8_linear_is_the_quantised_product_and_rows_are_invariant(n_out: int, k: int, bias: bool) -> None:
+    weight, x = _bf16(n_out, k, seed=0), _bf16(37, k, seed=1)
+    x[5] = 0
+    b = _bf16(n_out, seed=2) if bias else None
+    packed = kernels.pack_int8(weight)
+    if not kernels.int8_products():  # the AVX2 build: refused, clearly
+        with pytest.raises(RuntimeError, match="AVX-512 VNNI"):
+            kernels.linear_bf16(x, packed, b, n_out)
+        return
+    y = kernels.linear_bf16(x, packed, b, n_out)
+    assert y.shape == (37, n_out) and torch.equal(y, _quantised_product(x, weight, b))
+    exact = x.double() @ weight.double().T + (b.double() if b is not None else 0)
+    assert (y.double() - exact).abs().max() < 0.05 * exact.abs().max()
+    for rows in (1, 2, 5, 6, 7, 12, 17):
+        for start in range(0, 37 - rows + 1, 6):
+            assert torch.equal(kernels.linear_bf16(x[start:start + rows], packed, b, n_out), y[start:start + rows])
+
+
+def test_pack_int8_refuses_an_input_size_it_cannot_group_by_four() -> None:
+    with pytest.raises(ValueError, match="multiple of 4"):
+        kernels.pack_int8(_bf16(8, 18, seed=0))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_an_int8_whole_forward_is_close_to_the_packed_one_and_row_invariant(dtype: torch.dtype) -> None:
+    if not kernels.int8_products():
+        pytest.skip("int8 products need the AVX-512 VNNI build")
+    torch.manual_seed(3)
+    config = ModelConfig(model_type="llama", vocab_size=300, n_embd=96, n_layer=2, n_head=6, n_kv_head=2,
+                         head_dim=16, intermediate_size=160, block_size=256, norm_eps=1e-6, tie_word_embeddings=True)
+    model = Transformer(config).to(dtype).eval()
+    assert model.pack_products() and model.native is not None
+    tokens = torch.randint(0, 300, (1, 12))
+    with torch.inference_mode():
+        packed = model(tokens, 0, model.new_cache(32))[0]
+        assert model.quantize_native_products() and model.native.int8_products
+        cache = model.new_cache(32)
+        alone = torch.cat([model(tokens[:, i:i + 1], i, cache) for i in range(12)], dim=1)[0]
+        batch = model.new_cache(32, batch=3)
+        others = torch.randint(0, 300, (3, 12))
+        others[1] = tokens[0]
+        batched = model.forward_batched(others, torch.arange(12).repeat(3, 1), batch)[1]
+    assert torch.equal(batched, alone)
+    assert (alone.float() - packed.float()).abs().max() < 0.1 * packed.float().abs().max()
+    assert (alone.argmax(-1) == packed.argmax(-1)).float().mean() >= 0.75
+
+
+def test_a_whole_forward_without_int8_products_keeps_its_packed_weights(monkeypatch) -> None:
+    config = ModelConfig(model_type="llama", vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_kv_head=2,
+                         head_dim=16, intermediate_size=64, block_size=64, norm_eps=1e-6, tie_word_embeddings=True)
+    model = Transformer(config).bfloat16().eval()
+    model.pack_products()
+    before = model.native
+    monkeypatch.setattr(kernels, "int8_products", lambda: False)
+    assert not model.quantize_native_products() and model.native is before
+    assert before is None or not before.int8_products
