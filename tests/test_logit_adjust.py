@@ -212,9 +212,10 @@ def test_model_drafts_are_adjusted_too_so_the_target_as_its_own_draft_keeps_acce
     draft without native forwards) they are accepted but for last-bit differences between a 1-row draft
     forward and the verify forward; a native chain (greedy, or the rejection rule's draws) adds the
     committed tokens' adjustment to every position and does not count its own tokens, so it misses
-    where the chain repeats itself. Unadjusted, this draft's greedy chains were accepted 7% of the time here."""
+    where the chain repeats itself. Unadjusted, this draft's greedy chains were accepted 7% of the time here.
+    The draft keeps the target's products (no int8 copy), or its choices would not be the target's."""
     target = load_model(checkpoints["target"])
-    engine = Engine(target, load_model(checkpoints["target"]), exact=False)
+    engine = Engine(target, load_model(checkpoints["target"]), exact=False, int8_draft=False)
     rejection = dataclasses.replace(STRONG, temperature=1.0, rule="rejection")
     for prompt in prompts(3):
         alone = engine.generate(prompt, 40, STRONG, gamma=4).stats

@@ -167,11 +167,16 @@ def check_vocabulary_compatible(target: Tokenizer, draft: Tokenizer) -> None:
 class DraftModelDrafter(Drafter):
     name = "draft-model"
 
-    def __init__(self, draft: LoadedModel, *, compile: bool = False, head_ids: torch.Tensor | None = None) -> None:
-        """``head_ids``: draft over these tokens only (model/draft_head.py), else over the whole vocabulary."""
+    def __init__(self, draft: LoadedModel, *, compile: bool = False, head_ids: torch.Tensor | None = None,
+                 int8_products: bool = True) -> None:
+        """``head_ids``: draft over these tokens only (model/draft_head.py), else over the whole vocabulary.
+        ``int8_products``: the whole forward's weight products in int8 where the kernels take them
+        (``Transformer.quantize_native_products``): a cheaper step, the same output (the target verifies)."""
         self.draft = draft
         self.model = draft.model if head_ids is None else with_subset_head(draft.model, head_ids)
         self.model.pack_products()
+        if int8_products:
+            self.model.quantize_native_products()
         self.steps = CompiledSteps.shared(draft.model, (1, 2)) if compile else CompiledSteps(draft.model, enabled=False)
         self.cache: KVCache | None = None
         self.vocab_limit = draft.config.vocab_size

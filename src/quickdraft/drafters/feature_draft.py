@@ -36,10 +36,13 @@ from quickdraft.sampling import SamplingParams
 class FeatureDrafter(Drafter):
     name = "feature-draft"
 
-    def __init__(self, target: LoadedModel, path: str | Path) -> None:
+    def __init__(self, target: LoadedModel, path: str | Path, *, int8_products: bool = True) -> None:
+        """``int8_products``: the draft's products in int8 where the kernels take them (``DraftModelDrafter``)."""
         module = read_feature_draft(path, target)
         self.model: Transformer = compose(target.model, module)
         self.model.pack_products()
+        if int8_products:
+            self.model.quantize_native_products()
         self.n_embd = target.config.n_embd
         self.positional = target.model.pos_embed is None  # RoPE inside the layer, as in training
         self.holds_features = module.shape.feedback == "latest"

@@ -18,8 +18,10 @@ def default_self_draft_path(target: LoadedModel) -> Path:
 class SelfDraftDrafter(DraftModelDrafter):
     name = "self-draft"
 
-    def __init__(self, target: LoadedModel, path: str | Path | None = None) -> None:
-        super().__init__(load_self_draft(path or default_self_draft_path(target), target))
+    def __init__(self, target: LoadedModel, path: str | Path | None = None, *, int8_products: bool = True) -> None:
+        """``int8_products``: the draft's products in int8 (``DraftModelDrafter``): the target's layers
+        it shares are quantised again for the draft alone; the target keeps its own."""
+        super().__init__(load_self_draft(path or default_self_draft_path(target), target), int8_products=int8_products)
         config = self.draft.config
         self._cost_hint = config.n_layer / target.config.n_layer
 
