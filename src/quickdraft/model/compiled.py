@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 MIN_STATIC_CAPACITY = 256
 ROW_TIMINGS_FILE = "row_timings.json"
 ROW_TIMING_SAMPLES = 5  # processes that time the native steps' rows on a machine; later ones read their median
+ROW_TIMING_MAX_AGE = 7 * 24 * 3600.0  # seconds a kept sample counts: a machine whose load changed is timed again
 # Rounds of the per-row-count timing that auto γ's verify costs come from: ~0.2-0.4 s for the embedded
 # target, once per cache capacity for compiled graphs, in the first ROW_TIMING_SAMPLES processes on a
 # machine for native steps. With 12 rounds a 5-row call measured 1.14-1.34 1-row calls across
@@ -148,15 +149,17 @@ class CompiledSteps:
         time them and keep their sample, and every process plans with the samples' median. After that
         every process plans with the same verify costs, and none spends ~0.4 s timing them before its
         first token (a quarter of a short ``quickdraft generate`` beyond importing torch). A median of
-        several: two processes minutes apart measured a 5-row call at 1.16 and 1.01 1-row calls."""
+        several: two processes minutes apart measured a 5-row call at 1.16 and 1.01 1-row calls.
+        A sample counts for ROW_TIMING_MAX_AGE: after that, processes time the rows again, so a machine
+        whose load changed for good stops planning with what it once measured."""
         path, key = cache_dir() / ROW_TIMINGS_FILE, self._row_timing_key()
         counts = range(1, self.max_rows + 1)
-        samples = _row_samples(read_json(path).get(key), counts)
+        samples = _row_samples(read_json(path).get(key), counts, _now())
         if len(samples) < ROW_TIMING_SAMPLES:
             with torch.inference_mode():
-                fresh = self._time_rows(cache, counts)
+                fresh = {**self._time_rows(cache, counts), _TIMED_AT: _now()}
             stored = read_json(path)  # another process may have written meanwhile
-            samples = [*_row_samples(stored.get(key), counts), fresh][-ROW_TIMING_SAMPLES:]
+            samples = [*_row_samples(stored.get(key), counts, _now()), fresh][-ROW_TIMING_SAMPLES:]
             stored[key] = [{str(rows): value for rows, value in sample.items()} for sample in samples]
             write_json(path, stored)
         return _non_decreasing({rows: statistics.median(sample[rows] for sample in samples) for rows in counts})
@@ -167,6 +170,8 @@ class CompiledSteps:
         model = self.model
         parts = (repr(model.config), len(model.layers), model.lm_head.out_features, model.dtype, model.device,
                  kernels.loaded_isa(), torch.get_num_threads(), self.max_rows, kernels.cpu_name())
+        if model.native is not None and model.native.int8_products:  # a draft's int8 products: another cost
+            parts += ("int8",)
         return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
 
     def rows_agree_cached(self, cache: KVCache) -> bool:
@@ -325,15 +330,25 @@ def _non_decreasing(seconds: dict[int, float]) -> dict[int, float]:
     return lifted
 
 
-def _row_samples(kept: object, counts: Iterable[int]) -> list[dict[int, float]]:
-    """The row-timing samples a cache entry holds (a list of {rows: seconds}); none where it holds
-    something else (an older format, a damaged file)."""
+_TIMED_AT = "at"  # a kept sample's time of measurement (Unix seconds)
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _row_samples(kept: object, counts: Iterable[int], now: float) -> list[dict[int | str, float]]:
+    """The row-timing samples a cache entry holds (a list of {rows: seconds, "at": when}) that are
+    younger than ROW_TIMING_MAX_AGE; none where it holds something else (an older format, a damaged
+    file)."""
     if not isinstance(kept, list):
         return []
-    samples = []
+    samples: list[dict[int | str, float]] = []
     for sample in kept:
         try:
-            samples.append({rows: float(sample[str(rows)]) for rows in counts})
+            timed_at = float(sample[_TIMED_AT])
+            if 0 <= now - timed_at <= ROW_TIMING_MAX_AGE:
+                samples.append({**{rows: float(sample[str(rows)]) for rows in counts}, _TIMED_AT: timed_at})
         except (TypeError, KeyError, ValueError):
             continue
     return samples
