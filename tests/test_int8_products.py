@@ -89,12 +89,21 @@ def test_an_int8_whole_forward_is_close_to_the_packed_one_and_row_invariant(dtyp
     assert (alone.argmax(-1) == packed.argmax(-1)).float().mean() >= 0.75
 
 
-def test_a_whole_forward_without_int8_products_keeps_its_packed_weights(monkeypatch) -> None:
+def test_a_whole_forward_keeps_its_packed_weights_without_int8_products_or_room_for_them(monkeypatch, caplog) -> None:
+    from quickdraft import resources
+
     config = ModelConfig(model_type="llama", vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_kv_head=2,
                          head_dim=16, intermediate_size=64, block_size=64, norm_eps=1e-6, tie_word_embeddings=True)
     model = Transformer(config).bfloat16().eval()
     model.pack_products()
     before = model.native
-    monkeypatch.setattr(kernels, "int8_products", lambda: False)
-    assert not model.quantize_native_products() and model.native is before
+    with monkeypatch.context() as patch:
+        patch.setattr(kernels, "int8_products", lambda: False)
+        assert not model.quantize_native_products() and model.native is before
     assert before is None or not before.int8_products
+    if kernels.int8_products():
+        with monkeypatch.context() as patch:  # an int8 copy larger than half the memory available now
+            patch.setattr(resources, "available_memory_bytes", lambda: 2 * 64 * 32)
+            assert not model.quantize_native_products() and model.native is before
+        assert "the unquantised products" in caplog.text
+        assert model.quantize_native_products() and model.native.int8_products

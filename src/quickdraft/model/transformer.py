@@ -273,17 +273,20 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-def _room_for_packed_copy(model: nn.Module) -> bool:
+def _room_for_packed_copy(model: nn.Module, bytes_per_weight: int | None = None) -> bool:
     """The packed weights are a second copy (the originals still serve long prefills): pack only
     when it takes at most half of the memory available now, so that a large checkpoint on a small
-    machine keeps torch's kernels instead of running out of memory."""
+    machine keeps torch's kernels instead of running out of memory. ``bytes_per_weight``: the copy's
+    (1 for int8), else the weights' own."""
     from quickdraft.resources import available_memory_bytes
 
-    copy = sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, nn.Linear))
+    copy = sum(m.weight.numel() * (bytes_per_weight or m.weight.element_size())
+               for m in model.modules() if isinstance(m, nn.Linear))
     available = available_memory_bytes()
     if available is not None and copy > available // 2:
         log.warning("not packing %.1f GB of weights for quickdraft's CPU kernels with %.1f GB available; "
-                    "running torch's kernels", copy / 2**30, available / 2**30)
+                    "running %s", copy / 2**30, available / 2**30,
+                    "torch's kernels" if bytes_per_weight is None else "the unquantised products")
         return False
     return True
 
@@ -558,6 +561,8 @@ class Transformer(nn.Module):
         if self.native is None or not kernels.int8_products():
             return False
         if not self.native.int8_products:
+            if not _room_for_packed_copy(self, bytes_per_weight=1):
+                return False
             self.native = NativeForward(self, int8_products=True)
         return True
 
