@@ -6,7 +6,7 @@ import json
 
 from quickdraft import Engine
 from quickdraft.calibrate import CACHE_FILE, cache_dir, calibrate_exit_layer, candidate_layers
-from quickdraft.drafters.early_exit import EarlyExitDrafter
+from quickdraft.drafters.early_exit import EarlyExitDrafter, QuantizedEarlyExitDrafter
 from quickdraft.model.loader import load_model
 
 
@@ -53,7 +53,7 @@ def test_calibration_picks_the_argmax_and_the_key_depends_on_the_dtype(checkpoin
 def test_early_exit_without_a_layer_is_calibrated_for_real_and_stays_exact(models, tmp_path, monkeypatch):
     monkeypatch.setenv("QUICKDRAFT_CACHE_DIR", str(tmp_path))
     engine = Engine(models["target"], "early-exit", exact=False)
-    assert isinstance(engine.drafter, EarlyExitDrafter) and engine.drafter.exit_layer in (1, 2)
+    assert isinstance(engine.drafter, (EarlyExitDrafter, QuantizedEarlyExitDrafter)) and engine.drafter.exit_layer in (1, 2)
     assert (tmp_path / CACHE_FILE).exists()
     prompt = list(range(2, 20))
     assert engine.generate(prompt, 24, gamma=3).token_ids == engine.generate(prompt, 24, gamma=0).token_ids

@@ -10,6 +10,7 @@ config and weight files, the dtype, the device and the thread count.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import statistics
@@ -78,12 +79,12 @@ def calibration_prompts(target: LoadedModel) -> list[list[int]]:
     return [[(7 * i + 3 * j) % (vocab - 1) + 1 for j in range(24)] for i in range(len(CALIBRATION_TEXTS))]
 
 
-def measure_tokens_per_s(target: LoadedModel, layer: int, prompts: Sequence[list[int]]) -> float:
-    """Tokens per CPU-second of this process for early-exit speculation at ``layer`` (γ auto)."""
-    from quickdraft.drafters.early_exit import EarlyExitDrafter
+def measure_tokens_per_s(target: LoadedModel, layer: int, prompts: Sequence[list[int]], int8_draft: bool = True) -> float:
+    """Tokens per CPU-second of this process for early-exit speculation at ``layer`` (γ auto), with the
+    early-exit drafter the factory makes (``int8_draft``: its int8 form where it applies)."""
     from quickdraft.engine import Engine
 
-    engine = Engine(target, EarlyExitDrafter(layer, target.config.n_layer), exact=False)
+    engine = Engine(target, f"early-exit:{layer}", exact=False, int8_draft=int8_draft)
     engine.eos_token_ids = frozenset()  # every run generates the same number of tokens
     engine.generate(prompts[0], 4, gamma="auto")  # warm-up
     rates = []
@@ -99,9 +100,17 @@ def calibrate_exit_layer(
     trained: int | None = None,
     *,
     use_cache: bool = True,
-    measure: Callable[[LoadedModel, int, Sequence[list[int]]], float] = measure_tokens_per_s,
+    measure: Callable[[LoadedModel, int, Sequence[list[int]]], float] | None = None,
+    int8_draft: bool = True,
 ) -> Calibration:
-    key = model_fingerprint(target)
+    """The exit layer that measured the most tokens/s (``measure``, default ``measure_tokens_per_s``
+    with ``int8_draft``), cached per model and per early-exit form."""
+    from quickdraft.drafters.early_exit import QuantizedEarlyExitDrafter
+
+    quantized = int8_draft and QuantizedEarlyExitDrafter.applies(target)
+    if measure is None:
+        measure = functools.partial(measure_tokens_per_s, int8_draft=int8_draft)
+    key = model_fingerprint(target) + ("|int8" if quantized else "")
     path = cache_dir() / CACHE_FILE
     cache = read_json(path) if use_cache else {}
     if key in cache:

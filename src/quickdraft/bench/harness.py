@@ -334,7 +334,7 @@ class Bench:
                                                             full_draft_head=s.full_draft_head,
                                                             int8_draft=s.int8_draft))
                 elif kind == "early-exit":
-                    drafter = RecordingDrafter(make_drafter(s.early_exit, target))
+                    drafter = RecordingDrafter(make_drafter(s.early_exit, target, int8_draft=s.int8_draft))
                 elif kind == "self-draft":
                     drafter = RecordingDrafter(make_drafter(s.self_draft, target, int8_draft=s.int8_draft))
                 elif kind == "prompt-lookup":

@@ -1,17 +1,28 @@
-"""Self-speculation: the target's first L layers + its final norm and LM head draft, writing
-into the target's own KV cache for those layers (no second cache). Verification recomputes all
-layers for the drafted positions and overwrites those slots."""
+"""Self-speculation: the target's first L layers + its final norm and LM head draft.
+
+Two forms. ``EarlyExitDrafter`` writes into the target's own KV cache for those layers (no second
+cache); verification recomputes all layers for the drafted positions and overwrites those slots.
+``QuantizedEarlyExitDrafter`` (where the target runs quickdraft's whole forwards and the kernels take
+int8) drafts through the draft-model path over the truncated target: a small KV cache of its own,
+whole chains in one native call and int8 copies of those layers and the head, as a self-draft does.
+Writing int8-computed keys into the target's cache is what the first form must never do: a slot the
+verification did not overwrite would change the target's output."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
+from torch import nn
 
 from quickdraft.logit_adjust import LogitAdjuster
 from quickdraft.drafters.base import Draft, DraftContext, Drafter, draft_autoregressively
+from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.trees import TreeShape, grow_tree, model_expansion
 from quickdraft.errors import QuickdraftError
 from quickdraft.model.kv_cache import KVCache
-from quickdraft.model.transformer import Transformer
+from quickdraft.model.loader import LoadedModel
+from quickdraft.model.transformer import Transformer, shallow_copy
 from quickdraft.randomness import TokenSampler
 from quickdraft.sampling import SamplingParams
 from quickdraft.tree import TokenTree
@@ -76,3 +87,42 @@ class EarlyExitDrafter(Drafter):
     @property
     def relative_cost_hint(self) -> float:
         return self.exit_layer / self.n_layer
+
+
+def truncated_target(target: Transformer, exit_layer: int) -> Transformer:
+    """The target's embedding, first ``exit_layer`` layers, final norm and LM head as a Transformer of
+    its own: shares every tensor (no copy of the weights), builds its own caches."""
+    model = shallow_copy(target)
+    model.config = replace(target.config, n_layer=exit_layer)
+    model.layers = nn.ModuleList(list(target.layers[:exit_layer]))
+    return model.eval()
+
+
+class QuantizedEarlyExitDrafter(DraftModelDrafter):
+    """Early exit as a draft model over ``truncated_target`` with int8 products (module docstring). On
+    the embedded target at layer 2 a drafted token costs 112 us in one call against 245 us for the
+    same layers unquantised; ``EarlyExitDrafter`` drafts token by token (c 0.42-0.51 in the bench)."""
+
+    name = "early-exit"
+
+    def __init__(self, target: LoadedModel, exit_layer: int) -> None:
+        check_exit_layer(exit_layer, target.config.n_layer)
+        self.exit_layer, self.n_layer = exit_layer, target.config.n_layer
+        model = truncated_target(target.model, exit_layer)
+        super().__init__(LoadedModel(model=model, config=model.config, tokenizer=target.tokenizer, path=target.path,
+                                     name=f"early-exit:{exit_layer}", eos_token_ids=target.eos_token_ids),
+                         int8_products=True)
+
+    @staticmethod
+    def applies(target: LoadedModel) -> bool:
+        """The target runs whole native forwards (its packed weights) and the kernels take int8."""
+        from quickdraft import kernels
+
+        return target.model.native is not None and kernels.int8_products()
+
+    def check_compatible(self, target: LoadedModel) -> None:
+        pass  # the target's own layers and head: its vocabulary
+
+    @property
+    def relative_cost_hint(self) -> float:
+        return self.exit_layer / self.n_layer / 2

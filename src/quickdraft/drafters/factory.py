@@ -12,7 +12,7 @@ import torch
 
 from quickdraft.drafters.base import Drafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
-from quickdraft.drafters.early_exit import EarlyExitDrafter
+from quickdraft.drafters.early_exit import EarlyExitDrafter, QuantizedEarlyExitDrafter
 from quickdraft.drafters.lookup_then_model import LookupThenModelDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.drafters.feature_draft import FeatureDrafter
@@ -42,11 +42,11 @@ def trained_exit_layer(target: LoadedModel) -> int | None:
     return None
 
 
-def default_exit_layer(target: LoadedModel) -> int:
+def default_exit_layer(target: LoadedModel, int8_draft: bool = True) -> int:
     """L by calibration: measured tokens/s per candidate layer, cached per model (calibrate.py)."""
     from quickdraft.calibrate import calibrate_exit_layer
 
-    return calibrate_exit_layer(target, trained_exit_layer(target)).layer
+    return calibrate_exit_layer(target, trained_exit_layer(target), int8_draft=int8_draft).layer
 
 
 MODEL_FREE = ("early-exit", "prompt-lookup", "self")  # drafters that bring no second model
@@ -88,7 +88,9 @@ def make_drafter(
     self-draft runs in the target's dtype, on the target's layers. A draft model drafts over the
     frequency-ranked head saved beside it (model/draft_head.py), if any, unless ``full_draft_head``.
     ``int8_draft``: a draft model's or self-draft's whole forward runs int8 weight products where the
-    kernels take them (AVX-512 VNNI; ``DraftModelDrafter``)."""
+    kernels take them (AVX-512 VNNI; ``DraftModelDrafter``), and early exit drafts as a draft model
+    over the truncated target with them (``QuantizedEarlyExitDrafter``) where the target runs native
+    forwards."""
     if spec is None or isinstance(spec, Drafter):
         return spec
     if isinstance(spec, LoadedModel):
@@ -100,7 +102,9 @@ def make_drafter(
                                   full_draft_head=full_draft_head, int8_draft=int8_draft)
     name, _, arg = text.partition(":")
     if name == "early-exit":
-        layer = _parse_int(text, arg) if arg else default_exit_layer(target)
+        layer = _parse_int(text, arg) if arg else default_exit_layer(target, int8_draft)
+        if int8_draft and QuantizedEarlyExitDrafter.applies(target):
+            return QuantizedEarlyExitDrafter(target, layer)
         return EarlyExitDrafter(layer, target.config.n_layer)
     if name == "self":
         path = Path(arg) if arg else default_self_draft_path(target)
