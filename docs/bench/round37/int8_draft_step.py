@@ -1,5 +1,5 @@
-"""A draft's step with int8 weight products against its own dtype's: the embedded pair's draft model
-and self-draft, one thread, a greedy chain of 4 tokens after 200 cached tokens (``draft_greedy``, one
+"""A draft's step with int8 weight products against its own dtype's: the embedded pair's draft model,
+self-draft and early exit at layer 2 (as a draft model over the truncated target), one thread, a greedy chain of 4 tokens after 200 cached tokens (``draft_greedy``, one
 C++ call), both forwards built on the same weights and timed alternately in one process; and the
 target's 1-row step for scale (c = draft step / target step).
 
@@ -15,6 +15,7 @@ import torch
 
 from quickdraft import kernels
 from quickdraft.assets import default_target_path, embedded_draft_for
+from quickdraft.drafters.early_exit import truncated_target
 from quickdraft.drafters.factory import draft_head_ids
 from quickdraft.model.draft_head import with_subset_head
 from quickdraft.model.loader import default_draft_dtype, load_model
@@ -62,7 +63,7 @@ def main() -> None:
     draft = load_model(embedded_draft_for(target_path), dtype=default_draft_dtype("auto", "cpu"))
     draft_model = with_subset_head(draft.model, draft_head_ids(draft))
     self_draft = load_self_draft(target.path / "self_draft", target).model
-    drafts = {"draft model": draft_model, "self-draft": self_draft}
+    drafts = {"draft model": draft_model, "self-draft": self_draft, "early exit": truncated_target(target.model, 2)}
     for model in drafts.values():
         model.pack_products()
     print(f"kernels {kernels.loaded_isa()}, target bf16, draft model {draft.model.dtype}, "
