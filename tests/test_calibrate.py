@@ -50,6 +50,21 @@ def test_calibration_picks_the_argmax_and_the_key_depends_on_the_dtype(checkpoin
     assert calibrate_exit_layer(fp32, measure=lambda m, layer, p: 1 / 0).layer == 2  # cached, not re-measured
 
 
+def test_each_early_exit_form_is_calibrated_apart(checkpoints, tmp_path, monkeypatch):
+    """The int8 draft-model form drafts at another cost than the shared-cache one: a layer measured for
+    one is not taken for the other."""
+    monkeypatch.setenv("QUICKDRAFT_CACHE_DIR", str(tmp_path))
+    import quickdraft.calibrate as calibrate
+
+    monkeypatch.setattr(calibrate, "candidate_layers", lambda n, trained=None: [1, 2])
+    monkeypatch.setattr(QuantizedEarlyExitDrafter, "applies", staticmethod(lambda target: True))
+    target = load_model(checkpoints["target"])
+    shared = calibrate_exit_layer(target, int8_draft=False, measure=lambda m, layer, p: {1: 10.0, 2: 30.0}[layer])
+    quantized = calibrate_exit_layer(target, measure=lambda m, layer, p: {1: 40.0, 2: 30.0}[layer])
+    assert (shared.layer, quantized.layer, quantized.cached) == (2, 1, False)
+    assert calibrate_exit_layer(target, int8_draft=False, measure=lambda m, layer, p: 1 / 0).layer == 2
+
+
 def test_early_exit_without_a_layer_is_calibrated_for_real_and_stays_exact(models, tmp_path, monkeypatch):
     monkeypatch.setenv("QUICKDRAFT_CACHE_DIR", str(tmp_path))
     engine = Engine(models["target"], "early-exit", exact=False)
