@@ -57,7 +57,7 @@ def test_each_early_exit_form_is_calibrated_apart(checkpoints, tmp_path, monkeyp
     import quickdraft.calibrate as calibrate
 
     monkeypatch.setattr(calibrate, "candidate_layers", lambda n, trained=None: [1, 2])
-    monkeypatch.setattr(QuantizedEarlyExitDrafter, "applies", staticmethod(lambda target: True))
+    monkeypatch.setattr(QuantizedEarlyExitDrafter, "applies", staticmethod(lambda target, int8_draft=True: int8_draft))
     target = load_model(checkpoints["target"])
     shared = calibrate_exit_layer(target, int8_draft=False, measure=lambda m, layer, p: {1: 10.0, 2: 30.0}[layer])
     quantized = calibrate_exit_layer(target, measure=lambda m, layer, p: {1: 40.0, 2: 30.0}[layer])

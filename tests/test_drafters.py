@@ -68,7 +68,7 @@ def test_early_exit_drafts_with_the_targets_first_layers(models, int8):
     """Through the target's own cache, or (int8 products, where the target runs native forwards) as a
     draft model over the truncated target: its layers the target's own modules, its cache its own."""
     engine = Engine(models["target"], "early-exit:2", int8_draft=int8)
-    quantized = int8 and QuantizedEarlyExitDrafter.applies(engine.target)
+    quantized = QuantizedEarlyExitDrafter.applies(engine.target, int8)
     assert isinstance(engine.drafter, QuantizedEarlyExitDrafter if quantized else EarlyExitDrafter)
     if quantized:
         model = engine.drafter.model

@@ -107,7 +107,7 @@ def calibrate_exit_layer(
     with ``int8_draft``), cached per model and per early-exit form."""
     from quickdraft.drafters.early_exit import QuantizedEarlyExitDrafter
 
-    quantized = int8_draft and QuantizedEarlyExitDrafter.applies(target)
+    quantized = QuantizedEarlyExitDrafter.applies(target, int8_draft)
     if measure is None:
         measure = functools.partial(measure_tokens_per_s, int8_draft=int8_draft)
     key = model_fingerprint(target) + ("|int8" if quantized else "")

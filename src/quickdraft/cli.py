@@ -69,10 +69,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         "saved beside it in draft_head.json (quickdraft train draft-head; the embedded drafts have "
                         "one: a cheaper draft step, the output unchanged)")
     parser.add_argument("--int8-draft", action=argparse.BooleanOptionalAction, default=True,
-                        help="a draft model's or self-draft's weight products in int8 on CPUs with AVX-512 VNNI, "
-                        "where quickdraft's kernels run its whole forward: half the weight bytes of a bf16 draft "
-                        "step, a quarter of fp32's; only the guesses change, the output stays the target's "
-                        "(default: on)"),
+                        help="a draft model's, self-draft's or early exit's weight products in int8 on CPUs with "
+                        "AVX-512 VNNI, where quickdraft's kernels run its whole forward: half the weight bytes of a "
+                        "bf16 draft step, a quarter of fp32's (early exit then drafts with a cache of its own); only "
+                        "the guesses change, the output stays the target's (default: on)"),
     parser.add_argument("--compile-drafter", action=argparse.BooleanOptionalAction,
                         help="torch.compile the draft model's steps: seconds of compilation at the first "
                         "request, then faster drafting (default: on for serve and bench, off for generate)")

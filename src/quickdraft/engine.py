@@ -192,9 +192,9 @@ class Engine:
         bits of the same tokens fed as a chain; where they do not, exact mode speculates with chains.
         ``full_draft_head``: a draft model drafts over its whole vocabulary even where a frequency-ranked
         head is saved beside it (model/draft_head.py: by default it drafts over that head's tokens).
-        ``int8_draft``: a draft model's or self-draft's steps run int8 weight products where quickdraft's
-        kernels take them (AVX-512 VNNI CPUs): a half to a quarter of the weight bytes per draft step,
-        the same output (only the guesses change; the target verifies them)."""
+        ``int8_draft``: a draft model's, self-draft's or early exit's steps run int8 weight products where
+        quickdraft's kernels take them (AVX-512 VNNI CPUs): a half to a quarter of the weight bytes per draft
+        step, the same output (only the guesses change; the target verifies them)."""
         if not isinstance(max_gamma, int) or max_gamma < 1:
             raise QuickdraftError(f"max_gamma must be an integer >= 1, got {max_gamma!r}")
         self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype=dtype, device=device)

@@ -82,7 +82,7 @@ class BenchSettings:
     compile_target: bool = True  # the same for the target's steps in every non-exact engine, plain included
     full_draft_head: bool = False  # draft over the whole vocabulary even where draft_head.json cuts the head
     native_forwards: bool = False  # set by the run: the target ran quickdraft's whole forwards in C++ (model/native.py)
-    int8_draft: bool = True  # a draft model's and self-draft's products int8 where the kernels take them
+    int8_draft: bool = True  # model drafters' products int8 where the kernels take them (early exit's too)
     int8_products: bool = False  # set by the run: the drafts ran int8 products (int8_draft, and the kernels took them)
     device: str = "cpu"
     prompts: str | None = None  # JSONL of {"id", "kind", "prompt"}; None: the shipped set

@@ -115,9 +115,10 @@ class QuantizedEarlyExitDrafter(DraftModelDrafter):
                          int8_products=True)
 
     @staticmethod
-    def applies(target: LoadedModel) -> bool:
-        """The target runs whole native forwards (its packed weights) and the kernels take int8."""
-        return target.model.native is not None and kernels.int8_products()
+    def applies(target: LoadedModel, int8_draft: bool = True) -> bool:
+        """Int8 drafts are asked for (``int8_draft``), the target runs whole native forwards (its packed
+        weights) and the kernels take int8: the form ``make_drafter`` builds and calibration keys by."""
+        return int8_draft and target.model.native is not None and kernels.int8_products()
 
     def check_compatible(self, target: LoadedModel) -> None:
         pass  # the target's own layers and head: its vocabulary

@@ -103,7 +103,7 @@ def make_drafter(
     name, _, arg = text.partition(":")
     if name == "early-exit":
         layer = _parse_int(text, arg) if arg else default_exit_layer(target, int8_draft)
-        if int8_draft and QuantizedEarlyExitDrafter.applies(target):
+        if QuantizedEarlyExitDrafter.applies(target, int8_draft):
             return QuantizedEarlyExitDrafter(target, layer)
         return EarlyExitDrafter(layer, target.config.n_layer)
     if name == "self":

@@ -691,7 +691,7 @@ template <typename T>
 using TileInt8 = void (*)(const uint32_t*, int64_t, const __m512i*, int64_t, const float*, const char*, const float*, T*,
                           int64_t, int64_t);
 template <typename T>
-constexpr TileInt8<T> kTilesInt8[7] = {nullptr, tile_int8<1, T>, tile_int8<2, T>, tile_int8<3, T>,
+constexpr TileInt8<T> kTilesInt8[kTileRows + 1] = {nullptr, tile_int8<1, T>, tile_int8<2, T>, tile_int8<3, T>,
                                        tile_int8<4, T>, tile_int8<5, T>, tile_int8<6, T>};
 
 // y [m, n_out] = x [m, K] @ W^T (+ bias, fp32), W packed by kernels.pack_int8.
@@ -709,8 +709,8 @@ void linear_rows_int8(const T* x, int64_t m, const at::Tensor& packed, const flo
       const int64_t first = block * kBlockColumns;
       const int64_t columns = std::min(kBlockColumns, n_out - first);
       const char* w = base + block * block_bytes;
-      for (int64_t r = 0; r < m; r += 6) {
-        const int64_t n = std::min<int64_t>(6, m - r);
+      for (int64_t r = 0; r < m; r += kTileRows) {  // the bf16 tiles' rows: the same register budget
+        const int64_t n = std::min(kTileRows, m - r);
         kTilesInt8<T>[n](xs + r * quads, quads, reinterpret_cast<const __m512i*>(w), quads, row_scale.data() + r,
                          w + quads * kInt8Line, bias ? bias + first : nullptr, y + r * n_out + first, n_out, columns);
       }
