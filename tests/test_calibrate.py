@@ -57,12 +57,12 @@ def test_each_early_exit_form_is_calibrated_apart(checkpoints, tmp_path, monkeyp
     import quickdraft.calibrate as calibrate
 
     monkeypatch.setattr(calibrate, "candidate_layers", lambda n, trained=None: [1, 2])
-    monkeypatch.setattr(QuantizedEarlyExitDrafter, "applies", staticmethod(lambda target, int8_draft=True: int8_draft))
+    monkeypatch.setattr(QuantizedEarlyExitDrafter, "applies", staticmethod(lambda target, quantized_draft=True: quantized_draft))
     target = load_model(checkpoints["target"])
-    shared = calibrate_exit_layer(target, int8_draft=False, measure=lambda m, layer, p: {1: 10.0, 2: 30.0}[layer])
+    shared = calibrate_exit_layer(target, quantized_draft=False, measure=lambda m, layer, p: {1: 10.0, 2: 30.0}[layer])
     quantized = calibrate_exit_layer(target, measure=lambda m, layer, p: {1: 40.0, 2: 30.0}[layer])
     assert (shared.layer, quantized.layer, quantized.cached) == (2, 1, False)
-    assert calibrate_exit_layer(target, int8_draft=False, measure=lambda m, layer, p: 1 / 0).layer == 2
+    assert calibrate_exit_layer(target, quantized_draft=False, measure=lambda m, layer, p: 1 / 0).layer == 2
 
 
 def test_early_exit_without_a_layer_is_calibrated_for_real_and_stays_exact(models, tmp_path, monkeypatch):

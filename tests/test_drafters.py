@@ -67,14 +67,14 @@ def test_drafter_spec_errors_are_clear(models):
 def test_early_exit_drafts_with_the_targets_first_layers(models, int8):
     """Through the target's own cache, or (int8 products, where the target runs native forwards) as a
     draft model over the truncated target: its layers the target's own modules, its cache its own."""
-    engine = Engine(models["target"], "early-exit:2", int8_draft=int8)
+    engine = Engine(models["target"], "early-exit:2", quantized_draft=int8)
     quantized = QuantizedEarlyExitDrafter.applies(engine.target, int8)
     assert isinstance(engine.drafter, QuantizedEarlyExitDrafter if quantized else EarlyExitDrafter)
     if quantized:
         model = engine.drafter.model
         assert model.config.n_layer == 2 and all(a is b for a, b in zip(model.layers, engine.model.layers[:2]))
-        assert model.lm_head is engine.model.lm_head and model.native.int8_products
-        assert not engine.model.native.int8_products  # the target keeps its own products
+        assert model.lm_head is engine.model.lm_head and model.native.layer_bits == 4
+        assert engine.model.native.layer_bits is None  # the target keeps its own products
     result = engine.generate(list(range(1, 20)), 40, gamma=3)
     assert result.token_ids == engine.generate(list(range(1, 20)), 40, gamma=0).token_ids
     assert result.stats.drafter_calls > 0 and result.stats.drafted > 0

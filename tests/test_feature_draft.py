@@ -115,7 +115,7 @@ def test_the_native_forward_computes_the_per_op_paths_logits(folded: bool, tmp_p
         monkeypatch.setattr(feature_draft_model, "FOLDED_TABLE_LIMIT_BYTES", 0)
     target = load_model(make_hf_checkpoint("llama", tmp_path / "t", num_hidden_layers=3, hidden_size=64), dtype="bf16")
     target.model.pack_products()
-    native = FeatureDrafter(target, perturbed_draft(target, tmp_path / "fd"))
+    native = FeatureDrafter(target, perturbed_draft(target, tmp_path / "fd"), quantized=False)  # bf16 products, as per-op
     per_op = FeatureDrafter(target, tmp_path / "fd")
     per_op.model.native = None  # the torch ops, with the same packed products
 

@@ -36,7 +36,7 @@ def test_a_lesser_build_this_cpu_runs_passes_the_product_and_forward_tests(isa: 
     env = {**os.environ, "QUICKDRAFT_KERNELS_ISA": isa}
     # and the sampling kernels' tests, whose vectors differ by build too, and the int8 products' (AVX2 refuses them)
     files = [__file__, *(str(Path(__file__).with_name(name))
-                         for name in ("test_seeded_sampling.py", "test_sampling.py", "test_int8_products.py"))]
+                         for name in ("test_seeded_sampling.py", "test_sampling.py", "test_quantized_products.py"))]
     done = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider", "-p",
                            "no:xdist", *files, "-k",
                            "linear or native_forwards or attention or first_maxima or native_noise or coupled_race"],

@@ -215,7 +215,7 @@ def test_model_drafts_are_adjusted_too_so_the_target_as_its_own_draft_keeps_acce
     where the chain repeats itself. Unadjusted, this draft's greedy chains were accepted 7% of the time here.
     The draft keeps the target's products (no int8 copy), or its choices would not be the target's."""
     target = load_model(checkpoints["target"])
-    engine = Engine(target, load_model(checkpoints["target"]), exact=False, int8_draft=False)
+    engine = Engine(target, load_model(checkpoints["target"]), exact=False, quantized_draft=False)
     rejection = dataclasses.replace(STRONG, temperature=1.0, rule="rejection")
     for prompt in prompts(3):
         alone = engine.generate(prompt, 40, STRONG, gamma=4).stats

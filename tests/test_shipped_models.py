@@ -13,6 +13,7 @@ import torch
 
 import quickdraft
 from quickdraft.assets import EMBEDDED_PAIRS
+from quickdraft import kernels
 from quickdraft.model.loader import load_model
 
 ASSETS = Path(quickdraft.__file__).resolve().parent / "assets"
@@ -159,6 +160,8 @@ def test_the_default_target_ships_a_self_draft_that_keeps_greedy_exact_and_gets_
     from quickdraft.bench.harness import load_prompts
 
     engine = Engine(target, "self", exact=True)  # found beside the target
+    if kernels.int8_products():  # the draft's own quantised copy of the target's layers; the target keeps its own
+        assert engine.drafter.model.native.layer_bits == 4 and engine.model.native.layer_bits is None
     untrained = Engine(target, "early-exit:1", exact=True)  # the same first layer, the target's own head
     accepted = {"self": [0, 0], "early-exit:1": [0, 0]}
     for prompt in [p["prompt"] for p in load_prompts(None, 8)]:

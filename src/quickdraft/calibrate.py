@@ -79,12 +79,12 @@ def calibration_prompts(target: LoadedModel) -> list[list[int]]:
     return [[(7 * i + 3 * j) % (vocab - 1) + 1 for j in range(24)] for i in range(len(CALIBRATION_TEXTS))]
 
 
-def measure_tokens_per_s(target: LoadedModel, layer: int, prompts: Sequence[list[int]], int8_draft: bool = True) -> float:
+def measure_tokens_per_s(target: LoadedModel, layer: int, prompts: Sequence[list[int]], quantized_draft: bool = True) -> float:
     """Tokens per CPU-second of this process for early-exit speculation at ``layer`` (γ auto), with the
-    early-exit drafter the factory makes (``int8_draft``: its int8 form where it applies)."""
+    early-exit drafter the factory makes (``quantized_draft``: its quantised form where it applies)."""
     from quickdraft.engine import Engine
 
-    engine = Engine(target, f"early-exit:{layer}", exact=False, int8_draft=int8_draft)
+    engine = Engine(target, f"early-exit:{layer}", exact=False, quantized_draft=quantized_draft)
     engine.eos_token_ids = frozenset()  # every run generates the same number of tokens
     engine.generate(prompts[0], 4, gamma="auto")  # warm-up
     rates = []
@@ -101,16 +101,16 @@ def calibrate_exit_layer(
     *,
     use_cache: bool = True,
     measure: Callable[[LoadedModel, int, Sequence[list[int]]], float] | None = None,
-    int8_draft: bool = True,
+    quantized_draft: bool = True,
 ) -> Calibration:
     """The exit layer that measured the most tokens/s (``measure``, default ``measure_tokens_per_s``
-    with ``int8_draft``), cached per model and per early-exit form."""
+    with ``quantized_draft``), cached per model and per early-exit form."""
     from quickdraft.drafters.early_exit import QuantizedEarlyExitDrafter
 
-    quantized = QuantizedEarlyExitDrafter.applies(target, int8_draft)
+    quantized = QuantizedEarlyExitDrafter.applies(target, quantized_draft)
     if measure is None:
-        measure = functools.partial(measure_tokens_per_s, int8_draft=int8_draft)
-    key = model_fingerprint(target) + ("|int8" if quantized else "")
+        measure = functools.partial(measure_tokens_per_s, quantized_draft=quantized_draft)
+    key = model_fingerprint(target) + (f"|int{QuantizedEarlyExitDrafter.quantized_layer_bits}" if quantized else "")
     path = cache_dir() / CACHE_FILE
     cache = read_json(path) if use_cache else {}
     if key in cache:

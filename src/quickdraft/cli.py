@@ -68,11 +68,11 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="a draft model drafts over its whole vocabulary, not over the most frequent tokens "
                         "saved beside it in draft_head.json (quickdraft train draft-head; the embedded drafts have "
                         "one: a cheaper draft step, the output unchanged)")
-    parser.add_argument("--int8-draft", action=argparse.BooleanOptionalAction, default=True,
-                        help="a draft model's, self-draft's or early exit's weight products in int8 on CPUs with "
-                        "AVX-512 VNNI, where quickdraft's kernels run its whole forward: half the weight bytes of a "
-                        "bf16 draft step, a quarter of fp32's (early exit then drafts with a cache of its own); only "
-                        "the guesses change, the output stays the target's (default: on)"),
+    parser.add_argument("--quantized-draft", action=argparse.BooleanOptionalAction, default=True,
+                        help="a draft model's, self-draft's or early exit's weight products quantised on CPUs with "
+                        "AVX-512 VNNI, where quickdraft's kernels run its whole forward: a draft model's layers int8, "
+                        "a self-draft's and early exit's int4, heads int8 (early exit then drafts with a cache of its "
+                        "own); only the guesses change, the output stays the target's (default: on)"),
     parser.add_argument("--compile-drafter", action=argparse.BooleanOptionalAction,
                         help="torch.compile the draft model's steps: seconds of compilation at the first "
                         "request, then faster drafting (default: on for serve and bench, off for generate)")
@@ -144,7 +144,7 @@ def build_engine(args: argparse.Namespace):
                   draft_dtype=args.draft_dtype, compile_drafter=bool(args.compile_drafter),
                   compile_target=bool(args.compile_target), tree_nodes=getattr(args, "tree", None),
                   full_draft_head=bool(getattr(args, "full_draft_head", False)),
-                  int8_draft=bool(getattr(args, "int8_draft", True)))
+                  quantized_draft=bool(getattr(args, "quantized_draft", True)))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -174,7 +174,7 @@ class Engine:
         compile_target: bool = False,
         tree_nodes: int | str | None = None,
         full_draft_head: bool = False,
-        int8_draft: bool = True,
+        quantized_draft: bool = True,
     ) -> None:
         """``draft_dtype``: a draft model's dtype (default: ``default_draft_dtype``: the target's, fp32 on a CPU without the bf16 kernels).
         ``compile_drafter``: run the draft model's 1- and 2-row steps through torch.compile (seconds
@@ -192,9 +192,11 @@ class Engine:
         bits of the same tokens fed as a chain; where they do not, exact mode speculates with chains.
         ``full_draft_head``: a draft model drafts over its whole vocabulary even where a frequency-ranked
         head is saved beside it (model/draft_head.py: by default it drafts over that head's tokens).
-        ``int8_draft``: a draft model's, self-draft's or early exit's steps run int8 weight products where
-        quickdraft's kernels take them (AVX-512 VNNI CPUs): a half to a quarter of the weight bytes per draft
-        step, the same output (only the guesses change; the target verifies them)."""
+        ``quantized_draft``: a draft model's, self-draft's or early exit's steps run quantised weight products
+        where quickdraft's kernels take them (AVX-512 VNNI CPUs): a draft model's layers int8, a self-draft's
+        and early exit's int4 (the target's layers, streamed from memory after each verify), every head
+        int8; a quarter to an eighth of the weight bytes of a bf16 draft step, the same output (only the
+        guesses change; the target verifies them)."""
         if not isinstance(max_gamma, int) or max_gamma < 1:
             raise QuickdraftError(f"max_gamma must be an integer >= 1, got {max_gamma!r}")
         self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype=dtype, device=device)
@@ -219,7 +221,7 @@ class Engine:
         if draft_dtype is None:
             draft_dtype = default_draft_dtype(dtype, device)
         self.drafter = make_drafter(drafter, self.target, dtype=draft_dtype, device=device, compile=compile_drafter,
-                                    full_draft_head=full_draft_head, int8_draft=int8_draft)
+                                    full_draft_head=full_draft_head, quantized_draft=quantized_draft)
         budgets = AUTO_TREE_BUDGETS if tree_nodes == "auto" else (() if tree_nodes is None else (tree_nodes,))
         self.tree_shapes = {budget: TreeShape.for_budget(budget) for budget in budgets}  # type: ignore[arg-type]
         if self.tree_shape is not None and self.drafter is None:

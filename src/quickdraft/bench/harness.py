@@ -82,8 +82,8 @@ class BenchSettings:
     compile_target: bool = True  # the same for the target's steps in every non-exact engine, plain included
     full_draft_head: bool = False  # draft over the whole vocabulary even where draft_head.json cuts the head
     native_forwards: bool = False  # set by the run: the target ran quickdraft's whole forwards in C++ (model/native.py)
-    int8_draft: bool = True  # model drafters' products int8 where the kernels take them (early exit's too)
-    int8_products: bool = False  # set by the run: the drafts ran int8 products (int8_draft, and the kernels took them)
+    quantized_draft: bool = True  # model drafters' products quantised where the kernels take them (early exit's too)
+    quantized_products: bool = False  # set by the run: the drafts ran quantised products (quantized_draft, and the kernels took them)
     device: str = "cpu"
     prompts: str | None = None  # JSONL of {"id", "kind", "prompt"}; None: the shipped set
     prompt_limit: int | None = None  # use the first N prompts, continuations and grounded interleaved
@@ -332,17 +332,17 @@ class Bench:
                 if kind == "draft":
                     drafter = RecordingDrafter(make_drafter(draft, target, compile=s.compile_drafter,
                                                             full_draft_head=s.full_draft_head,
-                                                            int8_draft=s.int8_draft))
+                                                            quantized_draft=s.quantized_draft))
                 elif kind == "early-exit":
-                    drafter = RecordingDrafter(make_drafter(s.early_exit, target, int8_draft=s.int8_draft))
+                    drafter = RecordingDrafter(make_drafter(s.early_exit, target, quantized_draft=s.quantized_draft))
                 elif kind == "self-draft":
-                    drafter = RecordingDrafter(make_drafter(s.self_draft, target, int8_draft=s.int8_draft))
+                    drafter = RecordingDrafter(make_drafter(s.self_draft, target, quantized_draft=s.quantized_draft))
                 elif kind == "prompt-lookup":
                     drafter = RecordingDrafter(make_drafter(s.prompt_lookup, target))
                 elif kind in ("lookup+draft", "lookup+self-draft"):
                     model = make_drafter(draft, target, compile=s.compile_drafter, full_draft_head=s.full_draft_head,
-                                         int8_draft=s.int8_draft) if kind == "lookup+draft" \
-                        else make_drafter(s.self_draft, target, int8_draft=s.int8_draft)
+                                         quantized_draft=s.quantized_draft) if kind == "lookup+draft" \
+                        else make_drafter(s.self_draft, target, quantized_draft=s.quantized_draft)
                     assert model is not None
                     drafter = RecordingDrafter(LookupThenModelDrafter(model))
                 e = Engine(target, drafter, exact=exact, dtype=s.dtype, device=s.device, max_gamma=s.max_gamma,
@@ -520,7 +520,7 @@ class Bench:
         target = load_model(s.target, dtype=s.dtype, device=s.device)
         target.model.pack_products()  # as every engine does; native forwards lift the compiled steps' γ cap
         s.native_forwards = target.model.native is not None
-        s.int8_products = s.int8_draft and kernels.int8_products()
+        s.quantized_products = s.quantized_draft and kernels.int8_products()
         draft = load_model(s.draft, dtype=s.draft_dtype, device=s.device) if s.draft else None
         prompts = load_prompts(s.prompts, s.prompt_limit)
         prompt_ids = [encode_prompt(target, p["prompt"]) for p in prompts]

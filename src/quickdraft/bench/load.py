@@ -451,7 +451,7 @@ SWEEP_CONFIGS = {
     "batched speculative": (32, None, ()),
     "batched plain": (32, 0, ()),
     "batched speculative, in process": (32, None, ("--in-process",)),
-    "batched speculative, drafts unquantised": (32, None, ("--no-int8-draft",)),
+    "batched speculative, drafts unquantised": (32, None, ("--no-quantized-draft",)),
     "one at a time": (1, None, ()),
 }
 

@@ -63,7 +63,8 @@ def markdown_report(report: dict[str, Any], command: str | None = None) -> str:
                + (" (native forwards)" if s.get("native_forwards")
                   else " (compiled target steps)" if s.get("compile_target") else "")
                + (f", draft {s.get('draft_dtype')}{' compiled' if s.get('compile_drafter') else ''}" if d else "")
-               + (", the drafts' weight products int8" if s.get("int8_products") else "")
+               + (", the drafts' weight products quantised (draft model int8; self-draft and early exit "
+                  "layers int4; heads int8)" if s.get("quantized_products") else "")
                + f", {s['repeats']} measured rounds "
                f"after a warm-up; medians; tokens/s by {CLOCK_NAMES.get(s.get('clock', 'wall'))}. "
                f"The bench took {report['wall_seconds']:.0f} s.\n")

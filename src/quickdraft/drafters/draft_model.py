@@ -166,17 +166,21 @@ def check_vocabulary_compatible(target: Tokenizer, draft: Tokenizer) -> None:
 
 class DraftModelDrafter(Drafter):
     name = "draft-model"
+    # A small draft model's layers stay at 8 bits: at 4 its tokens per target call fell (embedded pair,
+    # greedy 4.61 -> 4.38, T = 0.8 3.08 -> 2.84) and its step, already in the caches, hardly moved.
+    quantized_layer_bits = 8
 
     def __init__(self, draft: LoadedModel, *, compile: bool = False, head_ids: torch.Tensor | None = None,
-                 int8_products: bool = True) -> None:
+                 quantized: bool = True) -> None:
         """``head_ids``: draft over these tokens only (model/draft_head.py), else over the whole vocabulary.
-        ``int8_products``: the whole forward's weight products in int8 where the kernels take them
-        (``Transformer.quantize_native_products``): a cheaper step, the same output (the target verifies)."""
+        ``quantized``: the whole forward's weight products quantised where the kernels take them
+        (``Transformer.quantize_native_products``, layers at ``quantized_layer_bits``, the head at 8): a
+        cheaper step, the same output (the target verifies)."""
         self.draft = draft
         self.model = draft.model if head_ids is None else with_subset_head(draft.model, head_ids)
         self.model.pack_products()
-        if int8_products:
-            self.model.quantize_native_products()
+        if quantized:
+            self.model.quantize_native_products(self.quantized_layer_bits)
         self.steps = CompiledSteps.shared(draft.model, (1, 2)) if compile else CompiledSteps(draft.model, enabled=False)
         self.cache: KVCache | None = None
         self.vocab_limit = draft.config.vocab_size

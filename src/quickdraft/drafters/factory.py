@@ -42,11 +42,11 @@ def trained_exit_layer(target: LoadedModel) -> int | None:
     return None
 
 
-def default_exit_layer(target: LoadedModel, int8_draft: bool = True) -> int:
+def default_exit_layer(target: LoadedModel, quantized_draft: bool = True) -> int:
     """L by calibration: measured tokens/s per candidate layer, cached per model (calibrate.py)."""
     from quickdraft.calibrate import calibrate_exit_layer
 
-    return calibrate_exit_layer(target, trained_exit_layer(target), int8_draft=int8_draft).layer
+    return calibrate_exit_layer(target, trained_exit_layer(target), quantized_draft=quantized_draft).layer
 
 
 MODEL_FREE = ("early-exit", "prompt-lookup", "self")  # drafters that bring no second model
@@ -82,39 +82,39 @@ def make_drafter(
     device: str = "cpu",
     compile: bool = False,
     full_draft_head: bool = False,
-    int8_draft: bool = True,
+    quantized_draft: bool = True,
 ) -> Drafter | None:
     """``dtype`` and ``compile`` apply to a draft model (``compile``: torch.compile its steps); a
     self-draft runs in the target's dtype, on the target's layers. A draft model drafts over the
     frequency-ranked head saved beside it (model/draft_head.py), if any, unless ``full_draft_head``.
-    ``int8_draft``: a draft model's or self-draft's whole forward runs int8 weight products where the
-    kernels take them (AVX-512 VNNI; ``DraftModelDrafter``), and early exit drafts as a draft model
-    over the truncated target with them (``QuantizedEarlyExitDrafter``) where the target runs native
-    forwards."""
+    ``quantized_draft``: a draft model's or self-draft's whole forward runs quantised weight products
+    where the kernels take them (AVX-512 VNNI; ``DraftModelDrafter``: a draft model's layers at 8 bits,
+    a self-draft's at 4, heads at 8), and early exit drafts as a draft model over the truncated target
+    with them (``QuantizedEarlyExitDrafter``, 4-bit layers) where the target runs native forwards."""
     if spec is None or isinstance(spec, Drafter):
         return spec
     if isinstance(spec, LoadedModel):
-        return _draft_model(spec, target, compile=compile, full_head=full_draft_head, int8=int8_draft)
+        return _draft_model(spec, target, compile=compile, full_head=full_draft_head, quantized=quantized_draft)
     text = str(spec)
     pair = lookup_and_model_specs(text)
     if pair is not None:
         return _lookup_then_model(text, *pair, target, dtype=dtype, device=device, compile=compile,
-                                  full_draft_head=full_draft_head, int8_draft=int8_draft)
+                                  full_draft_head=full_draft_head, quantized_draft=quantized_draft)
     name, _, arg = text.partition(":")
     if name == "early-exit":
-        layer = _parse_int(text, arg) if arg else default_exit_layer(target, int8_draft)
-        if QuantizedEarlyExitDrafter.applies(target, int8_draft):
+        layer = _parse_int(text, arg) if arg else default_exit_layer(target, quantized_draft)
+        if QuantizedEarlyExitDrafter.applies(target, quantized_draft):
             return QuantizedEarlyExitDrafter(target, layer)
         return EarlyExitDrafter(layer, target.config.n_layer)
     if name == "self":
         path = Path(arg) if arg else default_self_draft_path(target)
         if saved_format(path) == FEATURE_DRAFT_FORMAT:
-            return FeatureDrafter(target, path, int8_products=int8_draft)
-        return SelfDraftDrafter(target, path, int8_products=int8_draft)
+            return FeatureDrafter(target, path, quantized=quantized_draft)
+        return SelfDraftDrafter(target, path, quantized=quantized_draft)
     if name == "prompt-lookup":
         return PromptLookupDrafter(max_ngram=_parse_int(text, arg)) if arg else PromptLookupDrafter()
     return _draft_model(load_model(spec, dtype=dtype, device=device), target, compile=compile, full_head=full_draft_head,
-                        int8=int8_draft)
+                        quantized=quantized_draft)
 
 
 def draft_head_ids(draft: LoadedModel, full_head: bool = False) -> torch.Tensor | None:
@@ -124,21 +124,21 @@ def draft_head_ids(draft: LoadedModel, full_head: bool = False) -> torch.Tensor 
 
 
 def _draft_model(draft: LoadedModel, target: LoadedModel, *, compile: bool, full_head: bool,
-                 int8: bool) -> DraftModelDrafter:
-    drafter = DraftModelDrafter(draft, compile=compile, head_ids=draft_head_ids(draft, full_head), int8_products=int8)
+                 quantized: bool) -> DraftModelDrafter:
+    drafter = DraftModelDrafter(draft, compile=compile, head_ids=draft_head_ids(draft, full_head), quantized=quantized)
     drafter.check_compatible(target)
     return drafter
 
 
 def _lookup_then_model(text: str, lookup: str, model_spec: str, target: LoadedModel, *, dtype: str | torch.dtype,
-                       device: str, compile: bool, full_draft_head: bool, int8_draft: bool) -> LookupThenModelDrafter:
+                       device: str, compile: bool, full_draft_head: bool, quantized_draft: bool) -> LookupThenModelDrafter:
     if not model_spec:
         raise QuickdraftError(f"drafter {text!r}: name the model drafter after '+' (a draft model's path or hub "
                               "id, self[:PATH] or early-exit[:L]), e.g. prompt-lookup+self")
     if lookup_and_model_specs(model_spec) is not None or model_spec.partition(":")[0] == "prompt-lookup":
         raise QuickdraftError(f"drafter {text!r}: after '+' comes a model drafter, not prompt lookup")
     model = make_drafter(model_spec, target, dtype=dtype, device=device, compile=compile,
-                         full_draft_head=full_draft_head, int8_draft=int8_draft)
+                         full_draft_head=full_draft_head, quantized_draft=quantized_draft)
     assert model is not None
     _, _, n = lookup.partition(":")
     return LookupThenModelDrafter(model, max_ngram=_parse_int(text, n)) if n else LookupThenModelDrafter(model)

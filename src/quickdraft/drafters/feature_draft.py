@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from quickdraft.drafters.base import Draft, DraftContext, Drafter, draft_autoregressively
+from quickdraft.drafters.self_draft import SelfDraftDrafter
 from quickdraft.drafters.draft_model import CATCH_UP_AFTER, drafts_natively, drawn_distribution, native_draft_noise, \
     native_draw_inputs, draws_natively
 from quickdraft.errors import QuickdraftError
@@ -36,13 +37,14 @@ from quickdraft.sampling import SamplingParams
 class FeatureDrafter(Drafter):
     name = "feature-draft"
 
-    def __init__(self, target: LoadedModel, path: str | Path, *, int8_products: bool = True) -> None:
-        """``int8_products``: the draft's products in int8 where the kernels take them (``DraftModelDrafter``)."""
+    def __init__(self, target: LoadedModel, path: str | Path, *, quantized: bool = True) -> None:
+        """``quantized``: the draft's products quantised where the kernels take them, as a self-draft's
+        (``SelfDraftDrafter``: its layers, the target's, at 4 bits; its head and projections at 8)."""
         module = read_feature_draft(path, target)
         self.model: Transformer = compose(target.model, module)
         self.model.pack_products()
-        if int8_products:
-            self.model.quantize_native_products()
+        if quantized:
+            self.model.quantize_native_products(SelfDraftDrafter.quantized_layer_bits)
         self.n_embd = target.config.n_embd
         self.positional = target.model.pos_embed is None  # RoPE inside the layer, as in training
         self.holds_features = module.shape.feedback == "latest"

@@ -17,11 +17,14 @@ def default_self_draft_path(target: LoadedModel) -> Path:
 
 class SelfDraftDrafter(DraftModelDrafter):
     name = "self-draft"
+    # The target's layers at 4 bits: a drafted token after a verify (its weights out of the caches)
+    # cost 112-149 us against 137-175 at 8 bits, tokens per target call unchanged (4.74 against 4.73).
+    quantized_layer_bits = 4
 
-    def __init__(self, target: LoadedModel, path: str | Path | None = None, *, int8_products: bool = True) -> None:
-        """``int8_products``: the draft's products in int8 (``DraftModelDrafter``): the target's layers
-        it shares are quantised again for the draft alone; the target keeps its own."""
-        super().__init__(load_self_draft(path or default_self_draft_path(target), target), int8_products=int8_products)
+    def __init__(self, target: LoadedModel, path: str | Path | None = None, *, quantized: bool = True) -> None:
+        """``quantized``: the draft's products quantised (``DraftModelDrafter``): the target's layers it
+        shares are quantised again for the draft alone; the target keeps its own."""
+        super().__init__(load_self_draft(path or default_self_draft_path(target), target), quantized=quantized)
         config = self.draft.config
         self._cost_hint = config.n_layer / target.config.n_layer
 

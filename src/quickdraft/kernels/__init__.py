@@ -246,20 +246,37 @@ def pack_int8(weight: torch.Tensor) -> torch.Tensor:
     [ceil(N/64), K/4 * 256 + 512] int8 - per block of 64 columns, K/4 lines of each column's four
     consecutive input weights, then the columns' fp32 scales and int32 offsets (128 x the column's
     sum, which takes back the activations' shift to unsigned bytes)."""
+    lines, trailer = _quantised_lines(weight, 127, "pack_int8")
+    return torch.cat([lines.reshape(lines.shape[0], -1), trailer], dim=1).contiguous()
+
+
+def pack_int4(weight: torch.Tensor) -> torch.Tensor:
+    """``pack_int8`` at 15 levels a column (round(w * 7 / max|w|)), each line's four 64-byte vectors
+    folded into two: byte j of the first holds vector 0's level + 8 in its low nibble and vector 1's
+    in its high one, the second vectors 2 and 3 likewise -> [ceil(N/64), K/4 * 128 + 512] uint8. Half
+    of int8's bytes for a draft's products (the kernel unpacks them to int8's line)."""
+    lines, trailer = _quantised_lines(weight, 7, "pack_int4")
+    vectors = (lines.view(lines.shape[0], lines.shape[1], 4, 64).to(torch.int16) + 8).to(torch.uint8)
+    folded = vectors[:, :, 0::2] | (vectors[:, :, 1::2] << 4)  # [blocks, K/4, 2, 64]
+    return torch.cat([folded.reshape(lines.shape[0], -1), trailer.view(torch.uint8)], dim=1).contiguous()
+
+
+def _quantised_lines(weight: torch.Tensor, top: int, op: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(levels in lines [blocks, K/4, 256] int8, trailer [blocks, 512] int8: the fp32 scales and int32
+    offsets) of a [N, K] weight quantised per column to the levels -top..top."""
     n, k = weight.shape
     if k % 4:
-        raise ValueError(f"pack_int8 needs an input size that is a multiple of 4, got [{n}, {k}]")
+        raise ValueError(f"{op} needs an input size that is a multiple of 4, got [{n}, {k}]")
     columns = weight.detach().cpu().float()
     largest = columns.abs().amax(dim=1)
-    scale = torch.where(largest > 0, largest / 127, torch.ones_like(largest))
-    levels = torch.round(columns / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    scale = torch.where(largest > 0, largest / top, torch.ones_like(largest))
+    levels = torch.round(columns / scale[:, None]).clamp_(-top, top).to(torch.int8)
     blocks = _column_blocks(levels)  # [blocks, 64, K]
-    lines = blocks.view(blocks.shape[0], BLOCK_COLUMNS, k // 4, 4).permute(0, 2, 1, 3).reshape(blocks.shape[0], -1)
+    lines = blocks.view(blocks.shape[0], BLOCK_COLUMNS, k // 4, 4).permute(0, 2, 1, 3).reshape(blocks.shape[0], k // 4, -1)
     scales = torch.ones(blocks.shape[0] * BLOCK_COLUMNS)
     scales[:n] = scale
     offsets = 128 * blocks.sum(dim=2, dtype=torch.int32)
-    return torch.cat([lines, scales.view(blocks.shape[0], BLOCK_COLUMNS).view(torch.int8),
-                      offsets.view(torch.int8)], dim=1).contiguous()
+    return lines, torch.cat([scales.view(blocks.shape[0], BLOCK_COLUMNS).view(torch.int8), offsets.view(torch.int8)], dim=1)
 
 
 def int8_products() -> bool:

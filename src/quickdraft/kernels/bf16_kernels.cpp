@@ -619,15 +619,22 @@ inline void check_packed_for(const float*, const at::Tensor& packed, int64_t k, 
 // Packed layout, one int8 tensor [ceil(N/64), K/4 * 256 + 512] (K a multiple of 4): per block of 64
 // output columns, K/4 lines of the 64 columns' four consecutive input weights, then the columns'
 // fp32 scales, then their int32 offsets (128 x the column's sum). Built by kernels.pack_int8.
+//
+// int4 weights (kernels.pack_int4, uint8 tensors) halve the bytes again: 15 levels (-7..7) per
+// column, each line's four 64-byte vectors folded into two, byte j of the first holding vector 0's
+// level + 8 in its low nibble and vector 1's in its high one (the second likewise vectors 2 and 3).
+// The tile unpacks them to the int8 line it would have read, so the sums are int8's arithmetic.
 constexpr int64_t kInt8Line = 4 * kBlockColumns;
+constexpr int64_t kInt4Line = 2 * kBlockColumns;
 constexpr int64_t kInt8Trailer = 2 * kBlockColumns * 4;
 
 void check_packed_int8(const at::Tensor& packed, int64_t k, int64_t n_out) {
-  TORCH_CHECK(packed.scalar_type() == at::kChar && packed.dim() == 2 && packed.is_contiguous(),
-              "weight not packed by quickdraft.kernels.pack_int8");
-  TORCH_CHECK(k % 4 == 0 && packed.size(1) == k / 4 * kInt8Line + kInt8Trailer &&
+  const bool nibbles = packed.scalar_type() == at::kByte;
+  TORCH_CHECK((nibbles || packed.scalar_type() == at::kChar) && packed.dim() == 2 && packed.is_contiguous(),
+              "weight not packed by quickdraft.kernels.pack_int8 or pack_int4");
+  TORCH_CHECK(k % 4 == 0 && packed.size(1) == k / 4 * (nibbles ? kInt4Line : kInt8Line) + kInt8Trailer &&
               n_out <= packed.size(0) * kBlockColumns && n_out > (packed.size(0) - 1) * kBlockColumns,
-              "shapes do not match the packed int8 weight");
+              "shapes do not match the packed int8 or int4 weight");
 }
 
 #if defined(__AVX512VNNI__)
@@ -654,23 +661,51 @@ void quantize_rows(const T* x, int64_t m, int64_t k, uint8_t* q, float* scale) {
   }
 }
 
-template <int Rows, typename T>
+template <int Rows, typename T, bool Nibbles>
 void tile_int8(const uint32_t* x, int64_t x_stride, const __m512i* weights, int64_t quads, const float* row_scale,
                const char* trailer, const float* bias, T* y, int64_t y_stride, int64_t columns) {
-  __m512i acc[Rows * 4];
-  for (int i = 0; i < Rows * 4; ++i) acc[i] = _mm512_setzero_si512();
-  for (int64_t q = 0; q < quads; ++q) {
-    const __m512i* line = weights + 4 * q;
-    const __m512i w0 = _mm512_loadu_si512(line), w1 = _mm512_loadu_si512(line + 1);
-    const __m512i w2 = _mm512_loadu_si512(line + 2), w3 = _mm512_loadu_si512(line + 3);
+  // A row or two have too few accumulators to hide vpdpbusd's latency: they take alternate quads
+  // into two sets, added at the end (integer sums: the same bits in any order).
+  constexpr int kSets = Rows <= 2 ? 2 : 1;
+  __m512i acc[kSets * Rows * 4];
+  for (int i = 0; i < kSets * Rows * 4; ++i) acc[i] = _mm512_setzero_si512();
+  const __m512i low = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+  const auto level = [&](__m512i nibbles) { return _mm512_sub_epi8(_mm512_and_si512(nibbles, low), eight); };
+  const auto quad = [&](int64_t q, auto set) {  // set: a compile-time index, so acc stays in registers
+    __m512i w0, w1, w2, w3;
+    if constexpr (Nibbles) {
+      const __m512i* line = weights + 2 * q;
+      const __m512i a = _mm512_loadu_si512(line), b = _mm512_loadu_si512(line + 1);
+      w0 = level(a);
+      w1 = level(_mm512_srli_epi16(a, 4));
+      w2 = level(b);
+      w3 = level(_mm512_srli_epi16(b, 4));
+    } else {
+      const __m512i* line = weights + 4 * q;
+      w0 = _mm512_loadu_si512(line);
+      w1 = _mm512_loadu_si512(line + 1);
+      w2 = _mm512_loadu_si512(line + 2);
+      w3 = _mm512_loadu_si512(line + 3);
+    }
+    constexpr int first = decltype(set)::value * Rows * 4;
     for (int r = 0; r < Rows; ++r) {
       const __m512i xq = _mm512_set1_epi32(static_cast<int>(x[r * x_stride + q]));
-      acc[r * 4 + 0] = _mm512_dpbusd_epi32(acc[r * 4 + 0], xq, w0);
-      acc[r * 4 + 1] = _mm512_dpbusd_epi32(acc[r * 4 + 1], xq, w1);
-      acc[r * 4 + 2] = _mm512_dpbusd_epi32(acc[r * 4 + 2], xq, w2);
-      acc[r * 4 + 3] = _mm512_dpbusd_epi32(acc[r * 4 + 3], xq, w3);
+      acc[first + r * 4 + 0] = _mm512_dpbusd_epi32(acc[first + r * 4 + 0], xq, w0);
+      acc[first + r * 4 + 1] = _mm512_dpbusd_epi32(acc[first + r * 4 + 1], xq, w1);
+      acc[first + r * 4 + 2] = _mm512_dpbusd_epi32(acc[first + r * 4 + 2], xq, w2);
+      acc[first + r * 4 + 3] = _mm512_dpbusd_epi32(acc[first + r * 4 + 3], xq, w3);
+    }
+  };
+  int64_t q = 0;
+  if constexpr (kSets == 2) {
+    for (; q + 1 < quads; q += 2) {
+      quad(q, std::integral_constant<int, 0>{});
+      quad(q + 1, std::integral_constant<int, 1>{});
     }
   }
+  for (; q < quads; ++q) quad(q, std::integral_constant<int, 0>{});
+  if constexpr (kSets == 2)
+    for (int i = 0; i < Rows * 4; ++i) acc[i] = _mm512_add_epi32(acc[i], acc[Rows * 4 + i]);
   const auto* column_scale = reinterpret_cast<const float*>(trailer);
   const auto* offset = reinterpret_cast<const int32_t*>(trailer + kBlockColumns * 4);
   for (int c = 0; c < 4; ++c) {
@@ -690,20 +725,21 @@ void tile_int8(const uint32_t* x, int64_t x_stride, const __m512i* weights, int6
 template <typename T>
 using TileInt8 = void (*)(const uint32_t*, int64_t, const __m512i*, int64_t, const float*, const char*, const float*, T*,
                           int64_t, int64_t);
-template <typename T>
-constexpr TileInt8<T> kTilesInt8[kTileRows + 1] = {nullptr, tile_int8<1, T>, tile_int8<2, T>, tile_int8<3, T>,
-                                       tile_int8<4, T>, tile_int8<5, T>, tile_int8<6, T>};
+template <typename T, bool Nibbles>
+constexpr TileInt8<T> kTilesInt8[kTileRows + 1] = {
+    nullptr, tile_int8<1, T, Nibbles>, tile_int8<2, T, Nibbles>, tile_int8<3, T, Nibbles>,
+    tile_int8<4, T, Nibbles>, tile_int8<5, T, Nibbles>, tile_int8<6, T, Nibbles>};
 
-// y [m, n_out] = x [m, K] @ W^T (+ bias, fp32), W packed by kernels.pack_int8.
-template <typename T>
+// y [m, n_out] = x [m, K] @ W^T (+ bias, fp32), W packed by kernels.pack_int8 (or pack_int4: Nibbles).
+template <typename T, bool Nibbles>
 void linear_rows_int8(const T* x, int64_t m, const at::Tensor& packed, const float* bias, int64_t n_out, T* y) {
   const int64_t blocks = packed.size(0), block_bytes = packed.size(1);
-  const int64_t quads = (block_bytes - kInt8Trailer) / kInt8Line, k = 4 * quads;
+  const int64_t quads = (block_bytes - kInt8Trailer) / (Nibbles ? kInt4Line : kInt8Line), k = 4 * quads;
   std::vector<uint8_t> levels(m * k);
   std::vector<float> row_scale(m);
   quantize_rows(x, m, k, levels.data(), row_scale.data());
   const auto* xs = reinterpret_cast<const uint32_t*>(levels.data());
-  const auto* base = reinterpret_cast<const char*>(packed.data_ptr<int8_t>());
+  const auto* base = static_cast<const char*>(packed.data_ptr());
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end; ++block) {
       const int64_t first = block * kBlockColumns;
@@ -711,8 +747,9 @@ void linear_rows_int8(const T* x, int64_t m, const at::Tensor& packed, const flo
       const char* w = base + block * block_bytes;
       for (int64_t r = 0; r < m; r += kTileRows) {  // the bf16 tiles' rows: the same register budget
         const int64_t n = std::min(kTileRows, m - r);
-        kTilesInt8<T>[n](xs + r * quads, quads, reinterpret_cast<const __m512i*>(w), quads, row_scale.data() + r,
-                         w + quads * kInt8Line, bias ? bias + first : nullptr, y + r * n_out + first, n_out, columns);
+        kTilesInt8<T, Nibbles>[n](xs + r * quads, quads, reinterpret_cast<const __m512i*>(w), quads,
+                                  row_scale.data() + r, w + quads * (Nibbles ? kInt4Line : kInt8Line),
+                                  bias ? bias + first : nullptr, y + r * n_out + first, n_out, columns);
       }
     }
   });
@@ -720,19 +757,20 @@ void linear_rows_int8(const T* x, int64_t m, const at::Tensor& packed, const flo
 #else
 constexpr bool kInt8Products = false;
 
-template <typename T>
+template <typename T, bool Nibbles>
 void linear_rows_int8(const T*, int64_t, const at::Tensor&, const float*, int64_t, T*) {
-  TORCH_CHECK(false, "int8 weight products need the AVX-512 VNNI build of quickdraft's kernels");
+  TORCH_CHECK(false, "int8 and int4 weight products need the AVX-512 VNNI build of quickdraft's kernels");
 }
 #endif
 
 // A whole forward's product: y [m, n_out] = x [m, k] @ W^T (+ bias), W packed for the rows' dtype
-// (pack_bf16, pack_f32) or as int8 (pack_int8, a draft's).
+// (pack_bf16, pack_f32) or as int8 or int4 (pack_int8, pack_int4: a draft's).
 template <typename T>
 void product(const T* x, int64_t m, const at::Tensor& packed, const float* bias, int64_t k, int64_t n_out, T* y) {
-  if (packed.scalar_type() == at::kChar) {
+  if (packed.scalar_type() == at::kChar || packed.scalar_type() == at::kByte) {
     check_packed_int8(packed, k, n_out);
-    linear_rows_int8(x, m, packed, bias, n_out, y);
+    if (packed.scalar_type() == at::kByte) linear_rows_int8<T, true>(x, m, packed, bias, n_out, y);
+    else linear_rows_int8<T, false>(x, m, packed, bias, n_out, y);
   } else {
     check_packed_for(x, packed, k, n_out);
     linear_rows(x, m, packed, bias, n_out, y);

@@ -554,16 +554,17 @@ class Transformer(nn.Module):
             self.native = NativeForward(self)
         return True
 
-    def quantize_native_products(self) -> bool:
-        """Give the whole forward int8 weight products (True when done; a draft's: ``NativeForward``'s
-        ``int8_products``), where ``pack_products`` gave it a whole forward and the kernels take int8.
-        The per-op path (longer prefills) keeps the packed weights."""
+    def quantize_native_products(self, layer_bits: int = 8) -> bool:
+        """Give the whole forward quantised weight products, its decoder layers' at ``layer_bits`` (8 or 4)
+        and its head's at 8 (True when done; a draft's: ``NativeForward``'s ``layer_bits``), where
+        ``pack_products`` gave it a whole forward and the kernels take them. The per-op path (longer
+        prefills) keeps the packed weights."""
         if self.native is None or not kernels.int8_products():
             return False
-        if not self.native.int8_products:
+        if self.native.layer_bits != layer_bits:
             if not _room_for_packed_copy(self, bytes_per_weight=1):
                 return False
-            self.native = NativeForward(self, int8_products=True)
+            self.native = NativeForward(self, layer_bits=layer_bits)
         return True
 
     @property
