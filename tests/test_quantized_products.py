@@ -43,8 +43,7 @@ def _quantised_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 
 # 37 rows: the 6-row tiles and a partial last one; 200 outputs: a partial last column block; input
 # sizes of whole and partial 16-lane vectors (a row's quantisation); a zero row (scale 1, all zero).
-# int4: 7 levels a side, two levels a byte; an odd number of 4-input groups (k = 36, 100) leaves the
-# 1- and 2-row tiles' second accumulator set a group short.
+# int4: 7 levels a side, two levels a byte (k = 100: an odd number of 4-input groups, half a line's pair).
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("n_out,k,bias", [(200, 384, True), (64, 96, False), (130, 36, True), (70, 100, False)])
 def test_quantised_linear_is_the_quantised_product_and_rows_are_invariant(bits: int, n_out: int, k: int,

@@ -664,14 +664,11 @@ void quantize_rows(const T* x, int64_t m, int64_t k, uint8_t* q, float* scale) {
 template <int Rows, typename T, bool Nibbles>
 void tile_int8(const uint32_t* x, int64_t x_stride, const __m512i* weights, int64_t quads, const float* row_scale,
                const char* trailer, const float* bias, T* y, int64_t y_stride, int64_t columns) {
-  // A row or two have too few accumulators to hide vpdpbusd's latency: they take alternate quads
-  // into two sets, added at the end (integer sums: the same bits in any order).
-  constexpr int kSets = Rows <= 2 ? 2 : 1;
-  __m512i acc[kSets * Rows * 4];
-  for (int i = 0; i < kSets * Rows * 4; ++i) acc[i] = _mm512_setzero_si512();
+  __m512i acc[Rows * 4];
+  for (int i = 0; i < Rows * 4; ++i) acc[i] = _mm512_setzero_si512();
   const __m512i low = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
   const auto level = [&](__m512i nibbles) { return _mm512_sub_epi8(_mm512_and_si512(nibbles, low), eight); };
-  const auto quad = [&](int64_t q, auto set) {  // set: a compile-time index, so acc stays in registers
+  for (int64_t q = 0; q < quads; ++q) {
     __m512i w0, w1, w2, w3;
     if constexpr (Nibbles) {
       const __m512i* line = weights + 2 * q;
@@ -687,25 +684,14 @@ void tile_int8(const uint32_t* x, int64_t x_stride, const __m512i* weights, int6
       w2 = _mm512_loadu_si512(line + 2);
       w3 = _mm512_loadu_si512(line + 3);
     }
-    constexpr int first = decltype(set)::value * Rows * 4;
     for (int r = 0; r < Rows; ++r) {
       const __m512i xq = _mm512_set1_epi32(static_cast<int>(x[r * x_stride + q]));
-      acc[first + r * 4 + 0] = _mm512_dpbusd_epi32(acc[first + r * 4 + 0], xq, w0);
-      acc[first + r * 4 + 1] = _mm512_dpbusd_epi32(acc[first + r * 4 + 1], xq, w1);
-      acc[first + r * 4 + 2] = _mm512_dpbusd_epi32(acc[first + r * 4 + 2], xq, w2);
-      acc[first + r * 4 + 3] = _mm512_dpbusd_epi32(acc[first + r * 4 + 3], xq, w3);
-    }
-  };
-  int64_t q = 0;
-  if constexpr (kSets == 2) {
-    for (; q + 1 < quads; q += 2) {
-      quad(q, std::integral_constant<int, 0>{});
-      quad(q + 1, std::integral_constant<int, 1>{});
+      acc[r * 4 + 0] = _mm512_dpbusd_epi32(acc[r * 4 + 0], xq, w0);
+      acc[r * 4 + 1] = _mm512_dpbusd_epi32(acc[r * 4 + 1], xq, w1);
+      acc[r * 4 + 2] = _mm512_dpbusd_epi32(acc[r * 4 + 2], xq, w2);
+      acc[r * 4 + 3] = _mm512_dpbusd_epi32(acc[r * 4 + 3], xq, w3);
     }
   }
-  for (; q < quads; ++q) quad(q, std::integral_constant<int, 0>{});
-  if constexpr (kSets == 2)
-    for (int i = 0; i < Rows * 4; ++i) acc[i] = _mm512_add_epi32(acc[i], acc[Rows * 4 + i]);
   const auto* column_scale = reinterpret_cast<const float*>(trailer);
   const auto* offset = reinterpret_cast<const int32_t*>(trailer + kBlockColumns * 4);
   for (int c = 0; c < 4; ++c) {
