@@ -386,6 +386,40 @@ def test_a_drafting_step_after_plain_ones_pays_the_drafts_catch_up_on_the_clock(
     assert all(seconds < 0.2 for _, seconds in observed[13:])  # the next ones had nothing to catch up
 
 
+def test_timing_a_new_shape_counts_neither_as_step_overhead_nor_on_the_clock(engines, monkeypatch):
+    """A shape's cost is timed with scratch forwards the first time goodput asks for it, inside a step:
+    that step's overhead estimate and its arm's clock leave those seconds out."""
+    scheduler = engines["related"].batch_scheduler(7)  # a scheduler of its own: no shape timed yet
+    timing = {"now": False, "forwards": 0}
+    time_shape, forward = scheduler._target_seconds, scheduler.model.forward_batched
+
+    def time_shape_slowly(shape):
+        timing["now"] = shape[:2] not in scheduler._target_cost
+        try:
+            return time_shape(shape)
+        finally:
+            timing["now"] = False
+
+    def forward_batched(*args, **kwargs):
+        if timing["now"]:  # a scratch forward timing a shape: 50 ms more than the tiny model's
+            timing["forwards"] += 1
+            time.sleep(0.05)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(scheduler, "_target_seconds", time_shape_slowly)
+    monkeypatch.setattr(scheduler.model, "forward_batched", forward_batched)
+    observed: list[float] = []
+    observe = MeasuredArms.observe
+    monkeypatch.setattr(MeasuredArms, "observe", lambda self, arm, tokens, seconds: (
+        observed.append(seconds), observe(self, arm, tokens, seconds)))
+    for prompt in mixed_prompts(3):
+        scheduler.submit(prompt, 12, SamplingParams(), "auto")
+    while not scheduler.idle:  # the batch shrinks as sequences finish: new slot counts, new shapes
+        scheduler.step()
+    assert timing["forwards"] >= 4 and observed
+    assert max(scheduler._step_overhead.values()) < 0.04 and max(observed) < 0.04
+
+
 def test_goodput_drafts_now_and_then_when_its_costs_keep_it_plain(engines, monkeypatch):
     scheduler = engines["related"].batch_scheduler(4)
     # plain is best, γ = 2 the best draft

@@ -102,9 +102,9 @@ def truncated_target(target: Transformer, exit_layer: int) -> Transformer:
 class QuantizedEarlyExitDrafter(DraftModelDrafter):
     """Early exit as a draft model over ``truncated_target`` with quantised products (module docstring):
     the target's layers at 4 bits, its head at 8. On the embedded target at layer 2 a drafted token cost
-    ~110 us in one call with 8-bit layers against ~220 us unquantised, and after a verify 154-173 us with
-    4-bit layers against 194-196 at 8 (tokens per target call unchanged); ``EarlyExitDrafter`` drafts
-    token by token (c 0.42-0.53 in the bench)."""
+    ~110 us in one call with 8-bit layers against ~220 us unquantised, and after a verify 149-243 us with
+    4-bit layers against 190-291 at 8 (two runs of docs/bench/round38/draft_step_after_verify.py; tokens
+    per target call unchanged); ``EarlyExitDrafter`` drafts token by token (c 0.42-0.53 in the bench)."""
 
     name = "early-exit"
     quantized_layer_bits = 4

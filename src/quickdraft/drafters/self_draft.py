@@ -18,7 +18,8 @@ def default_self_draft_path(target: LoadedModel) -> Path:
 class SelfDraftDrafter(DraftModelDrafter):
     name = "self-draft"
     # The target's layers at 4 bits: a drafted token after a verify (its weights out of the caches)
-    # cost 112-149 us against 137-175 at 8 bits, tokens per target call unchanged (4.74 against 4.73).
+    # cost 122-127 us against 154-164 at 8 bits, tokens per target call unchanged (4.74 against 4.78;
+    # docs/bench/round38).
     quantized_layer_bits = 4
 
     def __init__(self, target: LoadedModel, path: str | Path | None = None, *, quantized: bool = True) -> None:
