@@ -171,6 +171,24 @@ def test_a_packed_model_computes_what_torch_computes() -> None:
     assert (packed.argmax(-1) == reference.argmax(-1)).float().mean() > 0.9
 
 
+def test_a_chains_positions_and_mask_from_the_cached_tables_are_the_ones_built_per_call() -> None:
+    """``_chain_inputs`` slices its tables (grown as windows widen) where ``_native_chain`` built
+    positions and a causal mask per call: the same values, every shape a chain takes."""
+    from quickdraft.model.config import ModelConfig
+    from quickdraft.model.transformer import CHAIN_TABLE_ROWS, Transformer
+
+    config = ModelConfig(model_type="llama", vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_kv_head=1,
+                         head_dim=8, intermediate_size=32, block_size=4096, norm_eps=1e-6,
+                         tie_word_embeddings=True)
+    model = Transformer(config)
+    for start, t, window in [(0, 1, 1), (0, 5, 5), (7, 3, 64), (250, CHAIN_TABLE_ROWS, 266), (255, 1, 300),
+                             (1000, 6, 1006), (3, 2, 4096), (0, 1, 2)]:
+        positions, mask = model._chain_inputs(start, t, window)
+        expected = torch.arange(start, start + t)
+        assert positions.shape == (1, t) and torch.equal(positions[0], expected)
+        assert mask.shape == (1, t, window) and torch.equal(mask[0], model._attention_mask(expected, window, False))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_native_forwards_give_a_row_the_same_bits_alone_in_a_batch_and_in_a_tree(dtype: torch.dtype) -> None:
     from quickdraft.model.config import ModelConfig

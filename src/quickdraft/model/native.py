@@ -74,6 +74,7 @@ class NativeForward:
         self.weights = weights
         self.shape = (c.n_head, c.n_kv_head, c.head_dim, c.intermediate_size, model.lm_head.out_features)
         self.eps = c.norm_eps
+        self._head_limits: tuple[torch.Tensor | None, dict[int, int]] = (None, {})  # see _head_rows_below
 
     @staticmethod
     def covers(model: Transformer) -> bool:
@@ -109,21 +110,37 @@ class NativeForward:
         entries = cache if cache.batch == batch else cache.first(batch)
         return cos, signed_sin, entries.keys, entries.values, entries.key_blocks or []
 
+    def _head_rows_below(self, vocab_limit: int) -> int:
+        """How many of a subset head's rows (ascending ids) lie below ``vocab_limit``; the limit itself
+        for a full head. Kept per limit: a search per draft call cost ~5 µs of a draft's Python."""
+        head_ids = self.model.head_ids
+        if head_ids is None:
+            return vocab_limit
+        if self._head_limits[0] is not head_ids:
+            self._head_limits = (head_ids, {})
+        rows = self._head_limits[1].get(vocab_limit)
+        if rows is None:
+            rows = self._head_limits[1][vocab_limit] = int(torch.searchsorted(head_ids, vocab_limit))
+        return rows
+
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
                  cache: KVCache, n_layers: int | None = None, logits_rows: int | None = None,
-                 input_features: torch.Tensor | None = None, feature_proj: torch.Tensor | None = None) -> torch.Tensor:
+                 input_features: torch.Tensor | None = None, feature_proj: torch.Tensor | None = None,
+                 positions_end: int | None = None) -> torch.Tensor:
         """tokens, positions (RoPE), slots (cache slot per row): [B, T] on the first B cache entries;
         mask [B or 1, T, W] bool over cache slots [0, W) -> logits [B, T, vocab], or of each
         sequence's last ``logits_rows`` rows (0: a prefill, cache writes only). A full forward writes
         the rows' last residual streams to ``cache.features`` when the cache keeps them;
         ``input_features`` [B * T, E] (projected by the packed ``feature_proj``) are added to the
-        rows' embeddings (a feature draft)."""
+        rows' embeddings (a feature draft). ``positions_end``: the largest position + 1, when the caller
+        knows it (saves a reduction over ``positions``)."""
         full = n_layers is None or n_layers == self.model.config.n_layer
         if input_features is not None and feature_proj is None:
             feature_proj = packed(self.model.fuse_feature)
         logits = kernels.forward(
             tokens.contiguous(), positions.contiguous(), slots.contiguous(), mask.contiguous(),
-            *self._cache_inputs(cache, tokens.shape[0], int(positions.max()) + 1), self.weights,
+            *self._cache_inputs(cache, tokens.shape[0], int(positions.max()) + 1 if positions_end is None else positions_end),
+            self.weights,
             self.model.config.n_layer if n_layers is None else n_layers, *self.shape, self.eps,
             tokens.shape[1] if logits_rows is None else logits_rows, input_features, feature_proj,
             cache.features if full else None)
@@ -149,8 +166,7 @@ class NativeForward:
         with ``hold_features`` the last of ``input_features`` again. ``step_seconds`` [k] float64
         receives each step's time (the first's feeds ``tokens`` too)."""
         head_ids = self.model.head_ids
-        if head_ids is not None:
-            vocab_limit = int(torch.searchsorted(head_ids, vocab_limit))
+        vocab_limit = self._head_rows_below(vocab_limit)
         start = cache.length
         if start + len(tokens) + k - 1 > cache.capacity:
             raise ValueError(f"drafting {k} tokens after {start + len(tokens)} exceeds the cache capacity {cache.capacity}")
@@ -179,8 +195,7 @@ class NativeForward:
         tokens (``draft_greedy``'s ``input_features``; ``hold_features`` likewise). ``step_seconds``
         [max(ks)] float64 receives each batched step's time."""
         head_ids = self.model.head_ids
-        if head_ids is not None:
-            vocab_limit = int(torch.searchsorted(head_ids, vocab_limit))
+        vocab_limit = self._head_rows_below(vocab_limit)
         width = max(len(feed[0]) for feed in feeds if feed is not None)
         scratch = cache.capacity - width
         token_rows, position_rows = [], []
