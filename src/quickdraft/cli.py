@@ -73,6 +73,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         "AVX-512 VNNI, where quickdraft's kernels run its whole forward: a draft model's layers int8, "
                         "a self-draft's and early exit's int4, heads int8 (early exit then drafts with a cache of its "
                         "own); only the guesses change, the output stays the target's (default: on)"),
+    parser.add_argument("--target-bits", type=int, choices=[8],
+                        help="8: the target's own weight products int8 (CPUs with AVX-512 VNNI): plain and speculative "
+                        "decoding both run this quantised target, exact relative to it, not to its bf16 weights "
+                        "(embedded target: 2.3-2.4x faster plain decoding, perplexity +0.06%%; default: off)")
     parser.add_argument("--compile-drafter", action=argparse.BooleanOptionalAction,
                         help="torch.compile the draft model's steps: seconds of compilation at the first "
                         "request, then faster drafting (default: on for serve and bench, off for generate)")
@@ -144,7 +148,8 @@ def build_engine(args: argparse.Namespace):
                   draft_dtype=args.draft_dtype, compile_drafter=bool(args.compile_drafter),
                   compile_target=bool(args.compile_target), tree_nodes=getattr(args, "tree", None),
                   full_draft_head=bool(getattr(args, "full_draft_head", False)),
-                  quantized_draft=bool(getattr(args, "quantized_draft", True)))
+                  quantized_draft=bool(getattr(args, "quantized_draft", True)),
+                  target_bits=getattr(args, "target_bits", None))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

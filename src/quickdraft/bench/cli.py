@@ -95,6 +95,7 @@ def settings_from_args(args: argparse.Namespace):
     common = dict(target=target, draft=draft, dtype=args.dtype, draft_dtype=args.draft_dtype,
                   compile_drafter=bool(args.compile_drafter), compile_target=bool(args.compile_target),
                   full_draft_head=bool(args.full_draft_head), quantized_draft=bool(args.quantized_draft), device=args.device,
+                  target_bits=args.target_bits,
                   exact=not args.no_exact,
                   early_exit=early_exit, self_draft=self_draft, prompt_lookup=prompt_lookup, peers=not args.no_peers, llama_cpp=args.llama_cpp,
                   temperature=args.temperature, seed=args.seed, clock=args.clock, **overrides)

@@ -84,6 +84,7 @@ class BenchSettings:
     native_forwards: bool = False  # set by the run: the target ran quickdraft's whole forwards in C++ (model/native.py)
     quantized_draft: bool = True  # model drafters' products quantised where the kernels take them (early exit's too)
     quantized_products: bool = False  # set by the run: the drafts ran quantised products (quantized_draft, and the kernels took them)
+    target_bits: int | None = None  # 8: the target's own products int8 (Engine's target_bits), plain decoding's too
     device: str = "cpu"
     prompts: str | None = None  # JSONL of {"id", "kind", "prompt"}; None: the shipped set
     prompt_limit: int | None = None  # use the first N prompts, continuations and grounded interleaved
@@ -437,6 +438,9 @@ class Bench:
         s = self.settings
         if not s.peers:
             return []
+        if s.target_bits is not None:
+            self.notes.append("the peers were skipped: they would run the target's bf16 weights, not its int8 products")
+            return []
         try:
             from quickdraft.bench.peers import HFPeer
         except ImportError as exc:  # transformers is a bench/test dependency only
@@ -519,6 +523,9 @@ class Bench:
                                    else default_draft_dtype(s.dtype, s.device))
         target = load_model(s.target, dtype=s.dtype, device=s.device)
         target.model.pack_products()  # as every engine does; native forwards lift the compiled steps' γ cap
+        if s.target_bits is not None and (s.target_bits != 8 or not target.model.quantize_target_products()):
+            raise QuickdraftError("--target-bits 8 needs quickdraft's int8 kernels (AVX-512 VNNI) and a target their "
+                                  "whole forward covers")
         s.native_forwards = target.model.native is not None
         s.quantized_products = s.quantized_draft and kernels.int8_products()
         draft = load_model(s.draft, dtype=s.draft_dtype, device=s.device) if s.draft else None

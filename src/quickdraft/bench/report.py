@@ -60,6 +60,8 @@ def markdown_report(report: dict[str, Any], command: str | None = None) -> str:
         kinds[p["kind"]] = kinds.get(p["kind"], 0) + 1
     out.append(f"{len(report['prompts'])} prompts ({', '.join(f'{n} {k}' for k, n in kinds.items())}), "
                f"{s['max_new_tokens']} new tokens each (EOS ignored), target {s['dtype']}"
+               + (" with int8 weight products (--target-bits 8: plain decoding runs the same int8 target)"
+                  if s.get("target_bits") == 8 else "")
                + (" (native forwards)" if s.get("native_forwards")
                   else " (compiled target steps)" if s.get("compile_target") else "")
                + (f", draft {s.get('draft_dtype')}{' compiled' if s.get('compile_drafter') else ''}" if d else "")

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from quickdraft import kernels
+from quickdraft.errors import QuickdraftError
 from quickdraft.model.config import ModelConfig
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.native import NATIVE_MAX_ROWS, NativeForward, packed as packed_weight
@@ -336,6 +337,9 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         self._chain_tables: tuple[torch.Tensor, torch.Tensor] | None = None  # see _chain_inputs
+        # Every cached forward must run through ``native`` (a target quantised by
+        # ``quantize_target_products``): the per-op path would compute other bits than its forwards.
+        self.native_only = False
         self._lm_head_t: torch.Tensor | None = None  # [n_embd, vocab], built by prepare_static
         self.native: NativeForward | None = None  # whole forwards in one C++ call (pack_products)
         # [lm_head rows] ascending token ids when the head covers a subset of the vocabulary (a
@@ -447,6 +451,11 @@ class Transformer(nn.Module):
         return self.native(tokens, pos.expand(batch, t), pos.expand(batch, t), mask[None], cache, exit_layer,
                            logits_rows=logits_rows)
 
+    def _refuse_per_op(self, rows: int) -> None:
+        if self.native_only:
+            raise QuickdraftError(f"a forward of {rows} rows would leave the int8 target's whole forwards (at most "
+                                  f"{KERNEL_ATTENTION_ROWS} rows a chain, {NATIVE_MAX_ROWS} a tree)")
+
     def _chain_inputs(self, start: int, t: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions [1, t] from ``start`` and their causal mask [1, t, window] (row i sees slots
         [0, start + i]), as views of two tables grown on demand: ids [1, 2S] (0, 1, ...) and a band
@@ -478,6 +487,8 @@ class Transformer(nn.Module):
         ``collect``, when given, receives the residual stream after every layer (early-exit training).
         """
         t = tokens.shape[1]
+        if cache is not None:
+            self._refuse_per_op(t)
         start = int(positions) if isinstance(positions, int) else int(positions[0])
         end = start + t
         pos = torch.arange(start, end, device=tokens.device)
@@ -593,6 +604,17 @@ class Transformer(nn.Module):
             self.native = NativeForward(self, layer_bits=layer_bits)
         return True
 
+    def quantize_target_products(self) -> bool:
+        """Make this model an int8 target (True when done): every weight product of its whole forward
+        int8 (``quantize_native_products(8)``), and every cached forward through it (``native_only``).
+        Plain and speculative decoding then both run this quantised model, so speculation stays exact
+        relative to it; the output is no longer the bf16 weights' (embedded target: held-out perplexity
+        61.83 -> 61.87, plain decoding 2.3-2.4x faster; BENCHMARKS.md round 39)."""
+        if not self.quantize_native_products(8):
+            return False
+        self.native_only = True
+        return True
+
     @property
     def products_packed(self) -> bool:
         return "packed_bf16" in self.lm_head._buffers
@@ -677,13 +699,20 @@ class Transformer(nn.Module):
         tokens, positions = tokens.to(self.device), positions.to(self.device)
         window = cache.capacity if window is None else window
         n_layers = self.config.n_layer if exit_layer is None else exit_layer
-        native = self.native is not None and tokens.numel() <= NATIVE_MAX_ROWS
+        native = self.native is not None and (tokens.numel() <= NATIVE_MAX_ROWS or self.native_only)
         # [B, T, window]; none for an embedding-only model's torch path (the statistical tests' bigram models)
         mask = (self._attention_mask(positions.reshape(-1), window, self.config.sliding_window is not None)
                 .view(*positions.shape, window) if native or n_layers else None)
         if native:
-            out = self.native(tokens, positions, positions, mask, cache, exit_layer, logits_rows=None if head else 0)
-            return out if head else None
+            # More rows than one native call takes: consecutive entries in groups (a row's bits do not
+            # depend on the other rows, so the groups compute what one call would).
+            per_call = max(1, NATIVE_MAX_ROWS // tokens.shape[1])
+            outs = [self.native(tokens[a: a + per_call], positions[a: a + per_call], positions[a: a + per_call],
+                                mask[a: a + per_call], cache if tokens.shape[0] <= per_call else
+                                cache.entries(a, min(a + per_call, tokens.shape[0])), exit_layer,
+                                logits_rows=None if head else 0)
+                    for a in range(0, tokens.shape[0], per_call)]
+            return (outs[0] if len(outs) == 1 else torch.cat(outs)) if head else None
         x = self.embed(tokens)
         if self.pos_embed is not None:
             # Padding rows may sit past a learned position table (scratch slots at the end of the
@@ -719,6 +748,7 @@ class Transformer(nn.Module):
             raise ValueError(f"a tree step up to slot {int(slots.max())} exceeds the KV cache capacity {cache.capacity}")
         if self.native is not None and tokens.shape[1] <= NATIVE_MAX_ROWS:  # no sliding window (supports())
             return self.native(tokens, positions[None], slots[None], mask[None], cache, exit_layer)
+        self._refuse_per_op(tokens.shape[1])
         x = self.embed(tokens)
         rope = None
         if self.pos_embed is not None:
