@@ -546,7 +546,8 @@ def test_native_steps_time_their_rows_once_per_machine_whatever_the_capacity(mon
     timings (timing them again held its first token back ~0.4 s on the embedded target). The first
     ROW_TIMING_SAMPLES processes with a model of the same shape each time them once, keeping their
     sample in the user cache; every process plans with the samples' median, and later ones time
-    nothing, unless what the cost depends on differs (here the thread count) or the samples have aged."""
+    nothing, unless what the cost depends on differs (here the thread count, then the kernels' build) or
+    the samples have aged."""
     from quickdraft.model import compiled
     from quickdraft.model.config import ModelConfig
     from quickdraft.model.transformer import Transformer
@@ -585,9 +586,15 @@ def test_native_steps_time_their_rows_once_per_machine_whatever_the_capacity(mon
     finally:
         torch.set_num_threads(threads)
     assert len(timed) == compiled.ROW_TIMING_SAMPLES + 1
+    # another build of the kernels (their source changed: a 6-row int8 tile once ran twice as fast after
+    # a fix) times again rather than plan with the old build's costs
+    monkeypatch.setattr(kernels, "build_id", lambda: "another-build")
+    rebuilt = process_steps()
+    rebuilt.prepare(rebuilt.model.new_cache(256))
+    assert len(timed) == compiled.ROW_TIMING_SAMPLES + 2
     # a week on, the kept samples no longer count: the next process times again and plans with its own
     timed_now = compiled._now()
     monkeypatch.setattr(compiled, "_now", lambda: timed_now + compiled.ROW_TIMING_MAX_AGE + 60)
     later = process_steps()
     later.prepare(later.model.new_cache(256))
-    assert len(timed) == compiled.ROW_TIMING_SAMPLES + 2 and later.row_seconds == {1: 7.0, 2: 14.0, 3: 21.0}
+    assert len(timed) == compiled.ROW_TIMING_SAMPLES + 3 and later.row_seconds == {1: 8.0, 2: 16.0, 3: 24.0}

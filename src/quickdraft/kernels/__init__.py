@@ -157,11 +157,21 @@ def _build_once(compiler: str, library: Path, isa_flags: tuple[str, ...]) -> Non
             _build(compiler, library, isa_flags)
 
 
+_loaded_library: Path | None = None  # the build loaded_isa() loaded
+
+
+def build_id() -> str | None:
+    """The loaded build's identity (its source, flags, torch and compiler, hashed into the library's
+    name), None without kernels: what a measured kernel speed, kept across processes, depends on."""
+    return _loaded_library.stem.rsplit("_", 1)[-1] if available() and _loaded_library is not None else None
+
+
 @functools.cache
 def loaded_isa() -> str | None:
     """The instruction set of the kernels this process loaded (built now if needed): ``isa()``, or
     a lesser one this CPU runs when that one cannot be built here (a compiler without AMX, say);
     None when none loads. ``QUICKDRAFT_KERNELS_ISA`` allows only the build it names."""
+    global _loaded_library
     if os.environ.get("QUICKDRAFT_KERNELS", "1") == "0" or not sys.platform.startswith("linux"):
         return None
     chosen = isa()
@@ -180,6 +190,7 @@ def loaded_isa() -> str | None:
             if not library.exists():
                 _build_once(compiler, library, isa_flags)
             torch.ops.load_library(str(library))
+            _loaded_library = library
         except Exception as exc:  # noqa: BLE001 - any failure: a lesser build, or torch's products
             log.warning("quickdraft's %s kernels are unavailable (%s: %s)", candidate, type(exc).__name__, exc)
             continue

@@ -169,7 +169,7 @@ class CompiledSteps:
         thread count and the CPU (not the weights' values)."""
         model = self.model
         parts = (repr(model.config), len(model.layers), model.lm_head.out_features, model.dtype, model.device,
-                 kernels.loaded_isa(), torch.get_num_threads(), self.max_rows, kernels.cpu_name())
+                 kernels.loaded_isa(), kernels.build_id(), torch.get_num_threads(), self.max_rows, kernels.cpu_name())
         if model.native is not None and model.native.layer_bits:  # a draft's quantised products: another cost
             parts += ("int8",) if model.native.layer_bits == 8 else (f"int{model.native.layer_bits}",)
         return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
