@@ -609,7 +609,7 @@ class Transformer(nn.Module):
         int8 (``quantize_native_products(8)``), and every cached forward through it (``native_only``).
         Plain and speculative decoding then both run this quantised model, so speculation stays exact
         relative to it; the output is no longer the bf16 weights' (embedded target: held-out perplexity
-        61.83 -> 61.87, plain decoding 2.3-2.4x faster; BENCHMARKS.md round 39)."""
+        61.83 -> 61.87, plain decoding 2.3-2.8x faster; BENCHMARKS.md round 39)."""
         if not self.quantize_native_products(8):
             return False
         self.native_only = True
