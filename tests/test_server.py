@@ -449,7 +449,8 @@ def test_a_sweep_of_several_rounds_reports_medians_and_the_median_of_each_rounds
     # The VM drifts between rounds: speculative runs 3x one at a time in two rounds and 6x in the
     # third, whose one-at-a-time server ran slow; the ratio of the medians (240 / 50) would say 4.8x.
     rates = {"batched speculative": [150.0, 300.0, 240.0], "batched plain": [100.0, 200.0, 160.0],
-             "one at a time": [50.0, 100.0, 40.0]}
+             "one at a time": [50.0, 100.0, 40.0],
+             "batched speculative, int8 target": [240.0, 480.0, 360.0], "batched plain, int8 target": [200.0, 400.0, 300.0]}
     reports = [replace(report, config=config, tokens_per_s=rate, sweep_round=i, failed=int(config == "batched plain"))
                for config, series in rates.items() for i, rate in enumerate(series)]
     rows = {line.split(" | ")[1]: line for line in sweep_table(reports) if line.startswith("| 4 |")}
@@ -458,6 +459,9 @@ def test_a_sweep_of_several_rounds_reports_medians_and_the_median_of_each_rounds
     assert speculative[7] == "3.00× (3.00–6.00)"  # per round: 3, 3, 6
     assert speculative[8].startswith("1.50× (1.50–1.50)")
     assert rows["batched plain"].split(" | ")[6] == "3"  # failures summed over the rounds
+    # each speculative configuration against the plain one on its own target
+    assert rows["batched speculative, int8 target"].split(" | ")[8].startswith("1.20× (1.20–1.20)")
+    assert rows["batched plain, int8 target"].split(" | ")[8].strip(" |") == ""
     assert "Medians over 3 rounds" in sweep_table(reports)[-1]
 
 

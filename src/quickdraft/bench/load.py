@@ -452,9 +452,13 @@ SWEEP_CONFIGS = {
     "batched plain": (32, 0, ()),
     "batched speculative, in process": (32, None, ("--in-process",)),
     "batched speculative, drafts unquantised": (32, None, ("--no-quantized-draft",)),
+    "batched speculative, int8 target": (32, None, ("--target-bits", "8")),
+    "batched plain, int8 target": (32, 0, ("--target-bits", "8")),
     "one at a time": (1, None, ()),
 }
 
+# a speculative configuration -> the plain one on the same target, for the "speculative vs plain" column
+PLAIN_OF = {"batched speculative": "batched plain", "batched speculative, int8 target": "batched plain, int8 target"}
 
 HF_BATCHED = "hf batched generate"
 
@@ -585,7 +589,8 @@ def sweep_table(reports: list[LoadReport]) -> list[str]:
         ttft = lambda v: "–" if v is None else f"{v:.2f} s"  # noqa: E731
         rate = f"{statistics.median(rates):.1f}" + (f" ({min(rates):.0f}–{max(rates):.0f})" if len(rates) > 1 else "")
         vs_one = ratio(_round_ratios(reports, config, "one at a time", clients)) if config != "one at a time" else "1.00×"
-        vs_plain = ratio(_round_ratios(reports, config, "batched plain", clients)) if config == "batched speculative" else ""
+        plain = PLAIN_OF.get(config)
+        vs_plain = ratio(_round_ratios(reports, config, plain, clients)) if plain else ""
         lines.append(f"| {clients} | {config} | {rate} | {per_request:.1f} | {ttft(middle.ttft_p50_s)} | "
                      f"{ttft(middle.ttft_p99_s)} | {sum(r.failed for r in group)} | {vs_one} | {vs_plain} |")
     if rounds > 1:
