@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -52,6 +53,29 @@ def test_arbitrary_ids_even_cut_characters_and_invalid_bytes_stream_to_their_tex
     tok = tokenizer()
     joined, stream = streamed(tok.decode, ids, cuts)
     assert joined == stream.text == tok.decode(ids)
+
+
+@settings(max_examples=100, deadline=None)
+@given(ids=st.lists(st.integers(min_value=0, max_value=8191), max_size=40), cuts=CUTS)
+def test_a_deferred_stream_gives_no_deltas_then_the_whole_text_once(ids, cuts):
+    """``generate`` wants the whole text only: the ids are decoded once, at the end, to the text the
+    incremental stream gives."""
+    tok = tokenizer()
+    calls = []
+    stream, at = TextStream(lambda part: calls.append(len(part)) or tok.decode(part), deferred=True), 0
+    for size in [*cuts, len(ids)]:
+        if at >= len(ids):
+            break
+        assert stream.add(ids[at: at + size]) == ("", len(ids[at: at + size]))
+        at += size
+    assert not calls
+    assert stream.finish() == stream.text == streamed(tok.decode, ids, cuts)[0] == tok.decode(ids)
+    assert len(calls) <= 1
+
+
+def test_stop_strings_cannot_be_deferred():
+    with pytest.raises(ValueError, match="cannot be deferred"):
+        TextStream(tokenizer().decode, ["\n\n"], deferred=True)
 
 
 def metaspace_decode(ids: list[int]) -> str:

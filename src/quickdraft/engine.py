@@ -312,7 +312,7 @@ class Engine:
         """Generate; ``gamma=0`` (or an engine without a drafter) decodes plainly. ``tree``: speculate
         with the engine's token trees (None: when it has them; ``gamma`` is then unused)."""
         result = None
-        for event in self.stream(prompt, max_new_tokens, sampling, gamma, stop, tree=tree):
+        for event in self.stream(prompt, max_new_tokens, sampling, gamma, stop, tree=tree, text_deltas=False):
             result = event.result
         assert result is not None
         return result
@@ -368,8 +368,11 @@ class Engine:
         stop: Sequence[str] = (),
         cancelled: Callable[[], bool] | None = None,
         tree: bool | None = None,
+        text_deltas: bool = True,
     ) -> Iterator[StreamEvent]:
-        """Yield text deltas as tokens are committed; the last event carries the result."""
+        """Yield text deltas as tokens are committed; the last event carries the result.
+        ``text_deltas=False``: the events before the last carry tokens but no text, and the text is
+        decoded once at the end, unless stop strings need it as it grows (``generate``)."""
         sampling = sampling or GREEDY
         if isinstance(stop, str):
             stop = [stop]
@@ -387,7 +390,7 @@ class Engine:
                                      request_kind(sampling))
         stats = GenerationStats(prompt_tokens=len(prompt_ids), exact=self.exact, exact_rows=self.exact_rows,
                                 drafter=drafter.name if drafter else None)
-        output = RequestOutput(self.decode, stop, self.eos_token_ids, max_new_tokens, prompt_ids, stats)
+        output = RequestOutput(self.decode, stop, self.eos_token_ids, max_new_tokens, prompt_ids, stats, text_deltas)
         for new_ids in self._decode_loop(prompt_ids, max_new_tokens, sampling, drafter, controller, stats, plan,
                                          adjuster):
             event = output.add(new_ids)

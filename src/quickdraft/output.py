@@ -30,8 +30,11 @@ class RequestOutput:
     """Accumulates one request's committed tokens; ``done`` once it has its finish reason."""
 
     def __init__(self, decode: Callable[[list[int]], str], stop: Sequence[str], eos_token_ids: frozenset[int],
-                 max_new_tokens: int, prompt_ids: list[int], stats: GenerationStats) -> None:
-        self.text = TextStream(decode, [stop] if isinstance(stop, str) else stop)
+                 max_new_tokens: int, prompt_ids: list[int], stats: GenerationStats, text_deltas: bool = True) -> None:
+        """``text_deltas=False``: events carry no text until the last (the result's text is whole),
+        where there are no stop strings to look for as the text grows."""
+        stop = [stop] if isinstance(stop, str) else stop
+        self.text = TextStream(decode, stop, deferred=not text_deltas and not any(stop))
         self.eos_token_ids = eos_token_ids
         self.max_new_tokens = max_new_tokens
         self.prompt_ids = prompt_ids

@@ -20,9 +20,15 @@ class TextStream:
     alike); where a window's text does not start with its context's, the whole sequence is decoded.
     """
 
-    def __init__(self, decode: Callable[[list[int]], str], stop: Sequence[str] = ()) -> None:
+    def __init__(self, decode: Callable[[list[int]], str], stop: Sequence[str] = (), deferred: bool = False) -> None:
+        """``deferred``: no deltas until ``finish``, which decodes the ids once (a caller that wants the
+        whole text only: incremental decoding cost ~30 µs a step of a ~0.8 ms plain step). Stop strings
+        need the text as it grows, so they cannot be deferred."""
         self.decode = decode
         self.stop = [s for s in stop if s]
+        if deferred and self.stop:
+            raise ValueError("stop strings are found in the text as it grows: they cannot be deferred")
+        self.deferred = deferred
         self.ids: list[int] = []
         self.text = ""  # the text of ids[:_settled]
         self.emitted = 0
@@ -35,6 +41,8 @@ class TextStream:
         kept = len(new_ids)
         previous_len = len(self.text)
         self.ids.extend(new_ids)
+        if self.deferred:
+            return "", kept
         self._extend_text(final=False)
         if self.stop:
             hit = self._find_stop(previous_len)
