@@ -21,6 +21,7 @@ from quickdraft.model.compiled import CompiledSteps, CompiledTreeSteps, static_c
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.loader import LoadedModel, default_draft_dtype, load_model
 from quickdraft.model.tokenizer import decode_ids, encode_prompt
+from quickdraft.model.transformer import Transformer
 from quickdraft.output import GenerationResult, RequestOutput, StreamEvent
 from quickdraft.logit_adjust import LogitAdjuster
 from quickdraft.randomness import TokenSampler, sampler_for
@@ -207,13 +208,7 @@ class Engine:
         self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype=dtype, device=device)
         self.model = self.target.model
         self.model.pack_products()  # quickdraft's row-invariant CPU kernels, where they run
-        if target_bits is not None:
-            if target_bits != 8:
-                raise QuickdraftError(f"target_bits must be 8 (int8 weight products) or None, got {target_bits!r}")
-            if not self.model.quantize_target_products():
-                raise QuickdraftError("an int8 target needs quickdraft's CPU kernels with AVX-512 VNNI and a target "
-                                      "their whole forward covers (a Llama-family model, bf16 or fp32, on CPU)")
-        self.target_bits = target_bits
+        quantize_target(self.model, target_bits)
         # Whole forwards in C++ (model/native.py): every step runs through them, nothing is compiled,
         # rows are never padded (each row's bits are the same whatever the row count) and γ is not capped.
         native = self.model.native is not None
@@ -593,6 +588,18 @@ class Engine:
         padded = tokens + [0] * (pad_to - n) if pad_to else tokens
         x = torch.tensor([padded], device=self.device)
         return self.model(x, cache.length, cache, full_window=bool(pad_to))[0, :n, : self.vocab_limit]
+
+
+def quantize_target(model: Transformer, target_bits: int | None) -> None:
+    """``target_bits=8``: make ``model`` (packed) an int8 target (``Transformer.quantize_target_products``),
+    or say why it cannot be one; None leaves it alone."""
+    if target_bits is None:
+        return
+    if target_bits != 8:
+        raise QuickdraftError(f"target_bits must be 8 (int8 weight products) or None, got {target_bits!r}")
+    if not model.quantize_target_products():
+        raise QuickdraftError("an int8 target needs quickdraft's CPU kernels with AVX-512 VNNI and a target "
+                              "their whole forward covers (a Llama-family model, bf16 or fp32, on CPU)")
 
 
 def engine_max_gamma(max_gamma: int, compile_target: bool, *, native: bool = False) -> int:

@@ -37,7 +37,7 @@ from quickdraft.bench.llama_cpp import DRAFT_MAX, LlamaCpp, LlamaCppRun, same_ou
 from quickdraft.drafters.base import Draft, DraftContext, Drafter
 from quickdraft.drafters.factory import draft_head_ids, make_drafter
 from quickdraft.drafters.lookup_then_model import LookupThenModelDrafter
-from quickdraft.engine import Engine, engine_max_gamma, expected_speedup
+from quickdraft.engine import Engine, engine_max_gamma, expected_speedup, quantize_target
 from quickdraft.drafters.trees import AUTO_TREE_BUDGETS, TreeShape
 from quickdraft.tree import TokenTree
 from quickdraft.errors import QuickdraftError
@@ -523,9 +523,7 @@ class Bench:
                                    else default_draft_dtype(s.dtype, s.device))
         target = load_model(s.target, dtype=s.dtype, device=s.device)
         target.model.pack_products()  # as every engine does; native forwards lift the compiled steps' γ cap
-        if s.target_bits is not None and (s.target_bits != 8 or not target.model.quantize_target_products()):
-            raise QuickdraftError("--target-bits 8 needs quickdraft's int8 kernels (AVX-512 VNNI) and a target their "
-                                  "whole forward covers")
+        quantize_target(target.model, s.target_bits)
         s.native_forwards = target.model.native is not None
         s.quantized_products = s.quantized_draft and kernels.int8_products()
         draft = load_model(s.draft, dtype=s.draft_dtype, device=s.device) if s.draft else None

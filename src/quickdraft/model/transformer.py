@@ -704,15 +704,18 @@ class Transformer(nn.Module):
         mask = (self._attention_mask(positions.reshape(-1), window, self.config.sliding_window is not None)
                 .view(*positions.shape, window) if native or n_layers else None)
         if native:
-            # More rows than one native call takes: consecutive entries in groups (a row's bits do not
-            # depend on the other rows, so the groups compute what one call would).
+            logits_rows = None if head else 0
+            if tokens.numel() <= NATIVE_MAX_ROWS:
+                out = self.native(tokens, positions, positions, mask, cache, exit_layer, logits_rows=logits_rows)
+                return out if head else None
+            # More rows than one native call takes (a native_only model): consecutive entries in groups
+            # (a row's bits do not depend on the other rows, so the groups compute what one call would).
             per_call = max(1, NATIVE_MAX_ROWS // tokens.shape[1])
             outs = [self.native(tokens[a: a + per_call], positions[a: a + per_call], positions[a: a + per_call],
-                                mask[a: a + per_call], cache if tokens.shape[0] <= per_call else
-                                cache.entries(a, min(a + per_call, tokens.shape[0])), exit_layer,
-                                logits_rows=None if head else 0)
+                                mask[a: a + per_call], cache.entries(a, min(a + per_call, tokens.shape[0])),
+                                exit_layer, logits_rows=logits_rows)
                     for a in range(0, tokens.shape[0], per_call)]
-            return (outs[0] if len(outs) == 1 else torch.cat(outs)) if head else None
+            return torch.cat(outs) if head else None
         x = self.embed(tokens)
         if self.pos_embed is not None:
             # Padding rows may sit past a learned position table (scratch slots at the end of the
