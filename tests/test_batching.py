@@ -516,7 +516,7 @@ def test_goodput_plans_a_proposals_fixed_cost_once_and_its_steps_per_token(engin
     monkeypatch.setattr(scheduler, "_target_seconds", lambda shape: 1e-3)
     scheduler._draft_cost[key], scheduler._draft_fixed[key] = 1e-4, 3e-4
     alpha = request.alpha
-    rates = scheduler._goodput_rates([(request, 3)], 0, len(request.tokens))
+    rates = scheduler._goodput_rates([(request, 3)], 0)
     expected = [sum(alpha ** i for i in range(g + 1)) / (1e-3 + g * 1e-4 + (3e-4 if g else 0.0)) for g in range(4)]
     assert rates == pytest.approx(expected)
     scheduler.cancel(request)

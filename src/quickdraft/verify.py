@@ -172,7 +172,8 @@ def verify_batch(
             first += len(drafts[i]) + 1
 
     if greedy:
-        walk(greedy, greedy_tokens(torch.cat([logits[i] for i in greedy])).tolist())
+        rows = logits[greedy[0]] if len(greedy) == 1 else torch.cat([logits[i] for i in greedy])
+        walk(greedy, greedy_tokens(rows).tolist())
     if coupled:
         row_samplers = [samplers[i] for i in coupled for _ in range(len(drafts[i]) + 1)]
         positions = [first_positions[i] + r for i in coupled for r in range(len(drafts[i]) + 1)]

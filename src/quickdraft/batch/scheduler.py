@@ -137,6 +137,7 @@ class BatchScheduler:
         self.waiting: deque[BatchRequest] = deque()
         self.active: list[BatchRequest] = []  # active[i].slot == i
         self._target_cost: dict[tuple[int, int], float] = {}  # (slots, rows) -> seconds
+        self._target_cost_by_slots: dict[int, dict[int, float]] = {}  # slots -> rows -> the same
         self._planned_cost: dict[int, dict[int, float]] = {}  # slots -> rows -> the same, never dearer than more rows
         # (slots, any sequence drafting with q) -> seconds per draft step (after the first, where steps are
         # timed apart): the rejection rule's drafts add their probabilities and draws, several times a greedy
@@ -279,12 +280,17 @@ class BatchScheduler:
     def _shape(self, rows: int, needed: int) -> tuple[int, int, int]:
         """(slots, rows, attention window) of a target step over the active slots with ``rows`` rows
         each, whose real rows reach position ``needed`` - 1: the cheapest allowed shape that fits."""
-        key = (len(self.active), rows)
-        if key not in self._cheapest:  # goodput asks for every γ each step: the scan is worth keeping
-            self._cheapest[key] = min((shape for shape in self.shapes if shape[0] >= key[0] and shape[1] >= rows),
-                                      key=lambda shape: (shape[0] * shape[1], shape))
-        s, r = self._cheapest[key]
+        s, r = self._planned_shape(rows)
         return s, r, window_bucket(needed, self.capacity) if self.narrow_windows else self.capacity
+
+    def _planned_shape(self, rows: int) -> tuple[int, int]:
+        """(slots, rows) of ``_shape``: what a step's cost depends on."""
+        key = (len(self.active), rows)
+        shape = self._cheapest.get(key)
+        if shape is None:  # goodput asks for every γ each step: the scan is worth keeping
+            shape = self._cheapest[key] = min((s for s in self.shapes if s[0] >= key[0] and s[1] >= rows),
+                                              key=lambda s: (s[0] * s[1], s))
+        return shape
 
     def _draft_lengths(self, ready: list[BatchRequest]) -> list[int]:
         """Each sequence's draft length this step: its fixed γ, or the batch's goodput γ."""
@@ -298,11 +304,10 @@ class BatchScheduler:
             caps.append(cap)
         fixed = [min(r.controller.fixed, c) if not r.controller.auto else None for r, c in zip(ready, caps)]
         auto = [(r, c) for r, c, f in zip(ready, caps, fixed) if f is None]
-        longest = max(len(r.tokens) for r in ready)
         gamma = 0
         self._arm = None
         if auto:
-            rates = self._goodput_rates(auto, max((f for f in fixed if f is not None), default=0), longest)
+            rates = self._goodput_rates(auto, max((f for f in fixed if f is not None), default=0))
             gamma = max(range(len(rates)), key=rates.__getitem__)
             bucket = slot_bucket(len(self.active), self.max_batch)
             arms = self._speculation_arms.get(bucket)
@@ -349,7 +354,7 @@ class BatchScheduler:
         # against 0.07-0.09 for a 4-sequence draft step) kept goodput plain and its probes at 1 token.
         return max(drafting, min(2, len(rates) - 1))
 
-    def _goodput_rates(self, auto: list[tuple[BatchRequest, int]], fixed_max: int, longest: int) -> list[float]:
+    def _goodput_rates(self, auto: list[tuple[BatchRequest, int]], fixed_max: int) -> list[float]:
         """The batch's expected committed tokens per second at each γ from 0 up (goodput picks the
         best), until the largest cap or the rate has fallen two γ in a row past its best (the
         curve has one peak; 32 sequences x 9 γ cost ~0.25 ms a step): each sequence
@@ -365,16 +370,24 @@ class BatchScheduler:
         weighing = any(weighs_draft(r) for r, _ in auto)
         powers = [1.0] * len(auto)
         tokens = sampled_rows = 0.0
+        # What a step of S slots costs beside its target forward, per γ drafted and once: the same for
+        # every γ whose shape has S slots (looked up once per S: a lone sequence's planning was ~50 µs)
+        per_slots: dict[int, tuple[float, float, float]] = {}
         for gamma in range(0, max(caps) + 1):
             for i, cap in enumerate(caps):
                 if gamma <= cap:
                     tokens += powers[i]
                     powers[i] *= alphas[i]
                     sampled_rows += sampled[i]
-            shape = self._shape(1 + max(gamma, fixed_max), longest + max(gamma, fixed_max))
-            proposal = self._draft_fixed.get((shape[0], weighing), 0.0) if gamma else 0.0
-            seconds = (self._target_seconds(shape) + gamma * self._draft_seconds(shape[0], weighing) + proposal
-                       + self._step_overhead.get(shape[0], 0.0) + sampled_rows * self._sampled_row_cost)
+            shape = self._planned_shape(1 + max(gamma, fixed_max))
+            costs = per_slots.get(shape[0])
+            if costs is None:
+                costs = per_slots[shape[0]] = (self._draft_seconds(shape[0], weighing),
+                                               self._draft_fixed.get((shape[0], weighing), 0.0),
+                                               self._step_overhead.get(shape[0], 0.0))
+            draft_step, proposal, overhead = costs
+            seconds = (self._target_seconds(shape) + (gamma * draft_step + proposal if gamma else 0.0) + overhead
+                       + sampled_rows * self._sampled_row_cost)
             rates.append(tokens / seconds)
             if gamma >= 2 and rates[-1] < rates[-2] < rates[-3]:
                 break
@@ -389,19 +402,18 @@ class BatchScheduler:
         if self.drafter is not None:  # without one every step is plain: goodput plans nothing
             with torch.inference_mode():
                 for n_slots, rows in self.shapes:
-                    self._target_seconds((n_slots, rows, MIN_WINDOW))
+                    self._target_seconds((n_slots, rows))
         return time.perf_counter() - start
 
-    def _target_seconds(self, shape: tuple[int, int, int]) -> float:
-        """Seconds of a target step of this shape: measured once per (slots, rows) when first
-        needed (on scratch positions: the end of every entry holds no sequence's data), then
+    def _target_seconds(self, shape: tuple[int, ...]) -> float:
+        """Seconds of a target step of this shape (slots, rows[, window]): measured once per (slots, rows)
+        when first needed (on scratch positions: the end of every entry holds no sequence's data), then
         followed by the real steps' times. The window changes it less than rows do, and keying
         by it would measure again every time the longest sequence crosses a power of two.
 
         A shape is never planned as dearer than one with more rows: an estimate that one slow
         step inflated is only measured again when its shape runs, which it then never would."""
-        n_slots, rows, _ = shape
-        key = (n_slots, rows)
+        n_slots, rows = key = (shape[0], shape[1])
         if key not in self._target_cost:
             start = time.perf_counter()
             tokens, positions = step_inputs(self.capacity, n_slots, rows, {})
@@ -410,29 +422,31 @@ class BatchScheduler:
                 t0 = time.perf_counter()
                 self.model.forward_batched(tokens, positions, self.cache.first(n_slots), window=MIN_WINDOW)
                 timings.append(time.perf_counter() - t0)
-            self._target_cost[key] = min(timings)
+            self._set_target_cost(key, min(timings))
             self._timing_seconds += time.perf_counter() - start
-            self._planned_cost.pop(n_slots, None)
         planned = self._planned_cost.get(n_slots)
         if planned is None:  # once per step and slot count (a new measurement drops it): goodput asks for every γ
-            measured = sorted((r, cost) for (s, r), cost in self._target_cost.items() if s == n_slots)
             planned, cheapest = {}, math.inf
-            for r, cost in reversed(measured):
+            for r, cost in sorted(self._target_cost_by_slots[n_slots].items(), reverse=True):
                 cheapest = min(cheapest, cost)
                 planned[r] = cheapest
             self._planned_cost[n_slots] = planned
         return planned[rows]
 
+    def _set_target_cost(self, key: tuple[int, int], seconds: float) -> None:
+        self._target_cost[key] = seconds
+        self._target_cost_by_slots.setdefault(key[0], {})[key[1]] = seconds
+        self._planned_cost.pop(key[0], None)
+
     def _observe_target(self, shape: tuple[int, int, int], seconds: float) -> None:
         key = shape[:2]
-        self._target_cost[key] = decayed(self._target_cost.get(key), seconds)
-        self._planned_cost.pop(key[0], None)
+        self._set_target_cost(key, decayed(self._target_cost.get(key), seconds))
 
     def _draft_seconds(self, n_slots: int, sampled: bool) -> float:
         if self.drafter is None or self.drafter.model_calls_per_token == 0:
             return 0.0
-        return self._draft_cost.get((n_slots, sampled),
-                                    DRAFT_COST_PRIOR * self._target_seconds((n_slots, 1, MIN_WINDOW)))
+        measured = self._draft_cost.get((n_slots, sampled))
+        return measured if measured is not None else DRAFT_COST_PRIOR * self._target_seconds((n_slots, 1))
 
     def _observe_draft(self, key: tuple[int, bool], seconds: float, calls: int, step_seconds: list[float] | None) -> None:
         """A proposal's cost: ``calls`` draft steps in ``seconds``. With its steps timed apart, c is
@@ -490,12 +504,14 @@ class BatchScheduler:
             if r.adjuster is not None:
                 row_logits[i] = r.adjuster.chain_rows(row_logits[i], d.tokens)
         sampled = [i for i, r in enumerate(ready) if not r.sampling.greedy]
-        t0 = time.perf_counter()
-        probs = dict(zip(sampled, grouped_target_probabilities([row_logits[i] for i in sampled],
-                                                               [ready[i].sampling for i in sampled],
-                                                               [ready[i].sampler for i in sampled])))
-        probability_seconds = time.perf_counter() - t0
+        probs: dict[int, torch.Tensor] = {}
+        probability_seconds = 0.0
         if sampled:
+            t0 = time.perf_counter()
+            probs = dict(zip(sampled, grouped_target_probabilities([row_logits[i] for i in sampled],
+                                                                   [ready[i].sampling for i in sampled],
+                                                                   [ready[i].sampler for i in sampled])))
+            probability_seconds = time.perf_counter() - t0
             per_row = probability_seconds / sum(row_logits[i].shape[0] for i in sampled)
             self._sampled_row_cost = decayed(self._sampled_row_cost or None, per_row)
         verdicts = verify_batch([d.tokens for d in drafts], [d.q for d in drafts], row_logits,
@@ -506,7 +522,7 @@ class BatchScheduler:
         for r in [r for r in ready if r.output.done]:  # after every commit: leaving moves other slots
             self._finish(r, events)
         timing = self._timing_seconds - timing_before  # shapes timed on first use during this step
-        if self._arm is not None:
+        if self._arm is not None and self._arm[0] > 1:  # a lone sequence's steps are goodput's alone
             # The draft's catch-up on tokens that plain steps committed is the price of switching to
             # drafting, and the drafting step pays it: left out, the clock saw near ties where 16
             # sequences' drafting steps after plain ones ran at 0.55-0.7x plain's rate. A lone

@@ -62,7 +62,8 @@ def step_inputs(capacity: int, n_slots: int, width: int,
     for slot, (tokens, start) in fed.items():
         token_rows[slot] = tokens + [0] * (width - len(tokens))
         position_rows[slot] = list(range(start, start + width))
-    return torch.tensor(token_rows), torch.tensor(position_rows)
+    both = torch.tensor([token_rows, position_rows])  # one call: each costs ~5 µs of a lone sequence's step
+    return both[0], both[1]
 
 
 def all_shapes(max_batch: int, max_rows: int) -> list[tuple[int, int]]:
