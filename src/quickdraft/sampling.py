@@ -150,6 +150,9 @@ def grouped_probabilities(logits: list[torch.Tensor], params: list[SamplingParam
     for i, p in enumerate(params):
         groups.setdefault((p.temperature, p.top_k, p.top_p), []).append(i)
     for members in groups.values():
+        if len(members) == 1:  # alone (a lone sequence's step): no stack or cat, nothing to split
+            out[members[0]] = of(logits[members[0]], params[members[0]])
+            continue
         if all(logits[i].dim() == 1 for i in members):  # a row each (a drafting step): stack, no reshapes
             probs = of(torch.stack([logits[i] for i in members]), params[members[0]]).unbind(0)
             for i, q in zip(members, probs):

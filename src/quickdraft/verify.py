@@ -177,8 +177,8 @@ def verify_batch(
     if coupled:
         row_samplers = [samplers[i] for i in coupled for _ in range(len(drafts[i]) + 1)]
         positions = [first_positions[i] + r for i in coupled for r in range(len(drafts[i]) + 1)]
-        walk(coupled, coupled_target_tokens(row_samplers, torch.cat([ps[i] for i in coupled]),  # type: ignore[misc,arg-type]
-                                            positions))
+        tempered = ps[coupled[0]] if len(coupled) == 1 else torch.cat([ps[i] for i in coupled])  # type: ignore[misc]
+        walk(coupled, coupled_target_tokens(row_samplers, tempered, positions))  # type: ignore[arg-type]
     if rejection:
         results = verify_sampling_batch([drafts[i] for i in rejection], [qs[i] for i in rejection],
                                         [ps[i] for i in rejection],  # type: ignore[misc]
