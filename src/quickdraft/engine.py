@@ -258,6 +258,8 @@ class Engine:
                            if compile_target and not self.exact else {})
         self.eos_token_ids = frozenset(self.target.eos_token_ids)
         self._schedulers: dict[int, object] = {}
+        # _verify_cost's answers for the row timings they came from: auto γ asks for every γ each step
+        self._verify_costs: tuple[dict[int, float] | None, dict[int, float]] = (None, {})
 
     @property
     def exact(self) -> bool:
@@ -551,7 +553,13 @@ class Engine:
         steps = self.target_steps
         if steps is None or not steps.row_seconds or gamma + 1 > steps.max_rows:
             return 1.0
-        return steps.seconds_for(gamma + 1) / steps.seconds_for(1)
+        timings, costs = self._verify_costs
+        if timings is not steps.row_seconds:  # timed (again), or other steps: a new table
+            timings, costs = self._verify_costs = (steps.row_seconds, {})
+        cost = costs.get(gamma)
+        if cost is None:
+            cost = costs[gamma] = steps.seconds_for(gamma + 1) / steps.seconds_for(1)
+        return cost
 
     def _keep_exact_target_steps(self, cache: KVCache) -> None:
         """Exact mode on compiled steps: every row bucket when the probe finds that each row gets the

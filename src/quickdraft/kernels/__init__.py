@@ -312,8 +312,13 @@ def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
     return torch.ops.quickdraft.rms_norm_bf16(x, weight, eps)
 
 
-_NO_TENSOR = torch.empty(0)  # an optional tensor argument left out
+# Optional tensor arguments left out, made once: a batched draft of 32 sequences created ~100 empty
+# tensors a call for its per-sequence ones. The kernels only read their sizes.
+_NO_TENSOR = torch.empty(0)
 _NO_SECONDS = torch.empty(0, dtype=torch.float64)
+_NO_IDS = torch.empty(0, dtype=torch.long)
+_NO_ROWS = torch.empty(0, 0)  # no noise or bias rows [k, V], no logits to fill [k, V]
+_NO_DRAWS = torch.empty(0, dtype=torch.float64)
 
 
 def forward(tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
@@ -355,15 +360,15 @@ def draft_greedy(tokens: torch.Tensor, start: int, k: int, vocab_limit: int, cos
     ``feature_proj`` and ``features_out``: each drafted token is fed with its step's feature, or with
     ``hold_features`` the last fed one again. ``step_seconds`` [k] (float64) receives each step's
     time, the first's from the call's start (it feeds ``tokens``)."""
-    ids = torch.empty(0, dtype=torch.long) if head_ids is None else head_ids
+    ids = _NO_IDS if head_ids is None else head_ids
     none = _NO_TENSOR
-    noise = torch.empty(0, 0) if gumbel is None else gumbel
+    noise = _NO_ROWS if gumbel is None else gumbel
     scale = 1.0 if gumbel is None and uniforms is None else 1.0 / temperature
     return torch.ops.quickdraft.draft_greedy(tokens, start, k, vocab_limit, cos, signed_sin, keys, values, key_blocks,
                                              weights,
                                              n_layers, n_head, n_kv, head_dim, intermediate, vocab, eps, ids, noise,
-                                             scale, torch.empty(0, dtype=torch.float64) if uniforms is None else uniforms,
-                                             torch.empty(0, 0) if logits_out is None else logits_out,
+                                             scale, _NO_DRAWS if uniforms is None else uniforms,
+                                             _NO_ROWS if logits_out is None else logits_out,
                                              none if input_features is None else input_features,
                                              none if feature_proj is None else feature_proj,
                                              none if features_out is None else features_out, hold_features,
@@ -388,13 +393,13 @@ def draft_batch(tokens: torch.Tensor, positions: torch.Tensor, ks: list[int], wi
     ``input_features`` [B * T, E] of the fed rows, ``feature_proj`` and ``features_out`` [B, slots, E],
     as for ``draft_greedy``. ``step_seconds`` [max(ks)] (float64) receives each batched step's time,
     the first's from the call's start."""
-    ids = torch.empty(0, dtype=torch.long) if head_ids is None else head_ids
+    ids = _NO_IDS if head_ids is None else head_ids
     none = [None] * len(ks)
     uniforms, logits_out = uniforms or none, logits_out or none
-    noise = [torch.empty(0, 0) if g is None else g for g in gumbel]
+    noise = [_NO_ROWS if g is None else g for g in gumbel]
     inverse = [1.0 if g is None and u is None else 1.0 / t for g, u, t in zip(gumbel, uniforms, temperatures)]
-    draws = [torch.empty(0, dtype=torch.float64) if u is None else u for u in uniforms]
-    kept = [torch.empty(0, 0) if out is None else out for out in logits_out]
+    draws = [_NO_DRAWS if u is None else u for u in uniforms]
+    kept = [_NO_ROWS if out is None else out for out in logits_out]
     return torch.ops.quickdraft.draft_batch(tokens, positions, torch.tensor(ks, dtype=torch.long), window, vocab_limit,
                                             cos, signed_sin, keys, values, key_blocks, weights, n_layers, n_head, n_kv,
                                             head_dim,
