@@ -1,7 +1,7 @@
 """One sequence at a time: the batch scheduler against the single-sequence engine (what the one-at-a-time
 server runs), plain and auto γ, in one process; arms alternate per request so that the machine's
-drift falls on all alike. LONE_ROW_BUCKETS=6,7,8 adds a scheduler whose steps also take those row counts
-(round 40 tried every count 1-9 for a lone sequence: no resolved difference). `python docs/bench/round40/lone_vs_scheduler.py [rounds] [greedy|sampled|mixed]`; run it from
+drift falls on all alike. LONE_ROW_BUCKETS=6,7,8 adds a scheduler whose steps also take those row counts;
+BUCKETED_LONE_ROWS=1 one whose lone sequence pads its steps to the row buckets (before round 40's LONE_ROWS). `python docs/bench/round40/lone_vs_scheduler.py [rounds] [greedy|sampled|mixed]`; run it from
 two checkouts (PYTHONPATH=<checkout>/src), alternating, to compare scheduler code by its ratio to the lone
 engine."""
 import collections, os, statistics, sys, time
@@ -20,10 +20,14 @@ rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 # arms' 1-row forwards differ by up to 10% for no reason in their code).
 lone = Engine(default_target_path(), default_draft_path(), dtype="bf16")
 schedulers = {"scheduler": lone.batch_scheduler(32)}
-if os.environ.get("LONE_ROW_BUCKETS"):  # a second scheduler whose [1, R] steps take these row counts too
+if os.environ.get("LONE_ROW_BUCKETS"):  # a second scheduler whose steps take these row counts too
     shapes.ROW_BUCKETS, buckets = tuple(sorted({*shapes.ROW_BUCKETS, *map(int, os.environ["LONE_ROW_BUCKETS"].split(","))})), shapes.ROW_BUCKETS
     schedulers["scheduler, more row buckets"] = BatchScheduler(lone, 32)
     shapes.ROW_BUCKETS = buckets
+if os.environ.get("BUCKETED_LONE_ROWS"):  # a second scheduler whose lone sequence's steps pad to the row buckets
+    shapes.LONE_ROWS, lone_rows = 1, shapes.LONE_ROWS
+    schedulers["scheduler, lone rows bucketed"] = BatchScheduler(lone, 32)
+    shapes.LONE_ROWS = lone_rows
 for s in schedulers.values():
     s.measure_step_costs()
 
