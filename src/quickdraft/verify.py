@@ -147,6 +147,11 @@ def verify_step(
     return verify_sampling(draft, q, p, sampler.generator)
 
 
+def _stacked_rows(rows: list[torch.Tensor]) -> torch.Tensor:
+    """The members' rows in one tensor: a lone member's own (a lone sequence's step pays no copy)."""
+    return rows[0] if len(rows) == 1 else torch.cat(rows)
+
+
 def verify_batch(
     drafts: list[list[int]],
     qs: list[torch.Tensor | None],
@@ -172,13 +177,12 @@ def verify_batch(
             first += len(drafts[i]) + 1
 
     if greedy:
-        rows = logits[greedy[0]] if len(greedy) == 1 else torch.cat([logits[i] for i in greedy])
-        walk(greedy, greedy_tokens(rows).tolist())
+        walk(greedy, greedy_tokens(_stacked_rows([logits[i] for i in greedy])).tolist())
     if coupled:
         row_samplers = [samplers[i] for i in coupled for _ in range(len(drafts[i]) + 1)]
         positions = [first_positions[i] + r for i in coupled for r in range(len(drafts[i]) + 1)]
-        tempered = ps[coupled[0]] if len(coupled) == 1 else torch.cat([ps[i] for i in coupled])  # type: ignore[misc]
-        walk(coupled, coupled_target_tokens(row_samplers, tempered, positions))  # type: ignore[arg-type]
+        walk(coupled, coupled_target_tokens(row_samplers, _stacked_rows([ps[i] for i in coupled]),  # type: ignore[misc]
+                                            positions))
     if rejection:
         results = verify_sampling_batch([drafts[i] for i in rejection], [qs[i] for i in rejection],
                                         [ps[i] for i in rejection],  # type: ignore[misc]

@@ -458,10 +458,8 @@ class Transformer(nn.Module):
         sequence's ~0.9 ms step."""
         if self.config.sliding_window is not None:
             return self._attention_mask(positions.reshape(-1), window, True).view(*positions.shape, window)
-        if self._chain_tables is None or self._chain_tables[0].shape[1] < window:
-            self._chain_inputs(0, 1, window)  # grows the tables
-        assert self._chain_tables is not None
-        return self._chain_tables[0][0, :window] <= positions[..., None]
+        ids, _ = self._chain_tables_for(window)
+        return ids[0, :window] <= positions[..., None]
 
     def _refuse_per_op(self, rows: int) -> None:
         if self.native_only:
@@ -473,16 +471,19 @@ class Transformer(nn.Module):
         [0, start + i]), as views of two tables grown on demand: ids [1, 2S] (0, 1, ...) and a band
         [1, CHAIN_TABLE_ROWS, 2S] whose row i marks columns c <= S + i, so that columns from S - start
         on are row i's slots. S >= window > start keeps every view inside the tables."""
+        ids, band = self._chain_tables_for(window)
+        offset = band.shape[2] // 2 - start
+        return ids[:, start: start + t], band[:, :t, offset: offset + window]
+
+    def _chain_tables_for(self, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chain tables (``_chain_inputs``), grown to S >= window when they are smaller."""
         tables = self._chain_tables
         if tables is None or tables[1].shape[2] < 2 * window:
             size = max(256, 1 << (window - 1).bit_length())
             ids = torch.arange(2 * size, device=self.device)[None]
             rows = torch.arange(CHAIN_TABLE_ROWS, device=self.device)[:, None]
-            tables = (ids, (ids - size <= rows)[None])
-            self._chain_tables = tables
-        ids, band = tables
-        offset = band.shape[2] // 2 - start
-        return ids[:, start: start + t], band[:, :t, offset: offset + window]
+            tables = self._chain_tables = (ids, (ids - size <= rows)[None])
+        return tables
 
     def hidden_states(
         self,
