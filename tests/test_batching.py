@@ -394,7 +394,7 @@ def test_timing_a_new_shape_counts_neither_as_step_overhead_nor_on_the_clock(eng
     time_shape, forward = scheduler._target_seconds, scheduler.model.forward_batched
 
     def time_shape_slowly(shape):
-        timing["now"] = shape[:2] not in scheduler._target_cost
+        timing["now"] = shape[1] not in scheduler._target_cost.get(shape[0], {})
         try:
             return time_shape(shape)
         finally:
@@ -587,7 +587,7 @@ def test_a_sequence_that_never_drafts_never_prefills_the_draft_model(engines):
 def test_step_costs_measured_up_front_leave_every_step_one_target_forward(engines, monkeypatch):
     scheduler = BatchScheduler(engines["related"], 4)
     scheduler.measure_step_costs()
-    assert set(scheduler._target_cost) == set(scheduler.shapes)
+    assert {(s, r) for s, rows in scheduler._target_cost.items() for r in rows} == set(scheduler.shapes)
     calls = []
     forward = scheduler.model.forward_batched
     monkeypatch.setattr(scheduler.model, "forward_batched", lambda *args, **kwargs: calls.append(1) or forward(*args, **kwargs))

@@ -60,7 +60,8 @@ def main() -> None:
     print(f"{args.clients} clients, {args.mix}, gamma {args.gamma}: {tokens / (time.perf_counter() - start):.0f} tokens/s")
     print("steps at (running, γ):", ", ".join(f"{k}: {n}" for k, n in steps.most_common(8)))
     ms = lambda costs: {k: round(v * 1e3, 3) for k, v in sorted(costs.items())}  # noqa: E731
-    print("target step ms per (slots, rows):", ms(scheduler._target_cost))
+    print("target step ms per (slots, rows):", ms({(n, r): cost for n, rows in scheduler._target_cost.items()
+                                                   for r, cost in rows.items()}))
     print("draft step ms per (slots, drafts with q):", ms(scheduler._draft_cost), "beyond its steps, per proposal:",
           ms(scheduler._draft_fixed), "step Python ms:", ms(scheduler._step_overhead))
     print("the clock's efficiency (committed / goodput's predicted tokens) per slot bucket:",

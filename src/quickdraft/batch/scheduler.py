@@ -136,8 +136,7 @@ class BatchScheduler:
         self._cheapest: dict[tuple[int, int], tuple[int, int]] = {}  # (running, rows) -> the allowed shape
         self.waiting: deque[BatchRequest] = deque()
         self.active: list[BatchRequest] = []  # active[i].slot == i
-        self._target_cost: dict[tuple[int, int], float] = {}  # (slots, rows) -> seconds
-        self._target_cost_by_slots: dict[int, dict[int, float]] = {}  # slots -> rows -> the same
+        self._target_cost: dict[int, dict[int, float]] = {}  # slots -> rows -> seconds
         self._planned_cost: dict[int, dict[int, float]] = {}  # slots -> rows -> the same, never dearer than more rows
         # (slots, any sequence drafting with q) -> seconds per draft step (after the first, where steps are
         # timed apart): the rejection rule's drafts add their probabilities and draws, several times a greedy
@@ -164,7 +163,8 @@ class BatchScheduler:
         # bucket also measures goodput's steps against plain steps, and the faster runs.
         self._speculation_arms: dict[int, MeasuredArms] = {}
         self.acceptance_memory = AcceptanceMemory()  # per kind of request, for a new request's estimate
-        self._arm: tuple[int, str, float] | None = None  # (slot bucket, arm, goodput's predicted tokens/s)
+        # (slot bucket, arm, goodput's predicted tokens/s) of the step the clock observes; None for a lone sequence
+        self._arm: tuple[int, str, float] | None = None
         self._plain_streak = 0  # consecutive plain steps of auto requests (goodput's or the clock's choice)
         self._probe_after = PROBE_EVERY  # plain steps before the next drafting probe (backs off)
         self.last_gamma = 0
@@ -333,7 +333,8 @@ class BatchScheduler:
                 elif not arms.exploring:  # drafting leads again: a later plain streak probes from the shortest wait
                     self._probe_after = PROBE_EVERY
             self._plain_streak = 0 if gamma else self._plain_streak + 1
-            self._arm = (bucket, str(arm), rates[gamma])
+            if bucket > 1:  # a lone sequence's steps are goodput's alone: nothing for the clock to observe
+                self._arm = (bucket, str(arm), rates[gamma])
         self.last_gamma = gamma
         return [f if f is not None else min(gamma, c) for f, c in zip(fixed, caps)]
 
@@ -413,8 +414,8 @@ class BatchScheduler:
 
         A shape is never planned as dearer than one with more rows: an estimate that one slow
         step inflated is only measured again when its shape runs, which it then never would."""
-        n_slots, rows = key = (shape[0], shape[1])
-        if key not in self._target_cost:
+        n_slots, rows = shape[0], shape[1]
+        if rows not in self._target_cost.get(n_slots, {}):
             start = time.perf_counter()
             tokens, positions = step_inputs(self.capacity, n_slots, rows, {})
             timings = []
@@ -422,25 +423,24 @@ class BatchScheduler:
                 t0 = time.perf_counter()
                 self.model.forward_batched(tokens, positions, self.cache.first(n_slots), window=MIN_WINDOW)
                 timings.append(time.perf_counter() - t0)
-            self._set_target_cost(key, min(timings))
+            self._set_target_cost(n_slots, rows, min(timings))
             self._timing_seconds += time.perf_counter() - start
         planned = self._planned_cost.get(n_slots)
         if planned is None:  # once per step and slot count (a new measurement drops it): goodput asks for every γ
             planned, cheapest = {}, math.inf
-            for r, cost in sorted(self._target_cost_by_slots[n_slots].items(), reverse=True):
+            for r, cost in sorted(self._target_cost[n_slots].items(), reverse=True):
                 cheapest = min(cheapest, cost)
                 planned[r] = cheapest
             self._planned_cost[n_slots] = planned
         return planned[rows]
 
-    def _set_target_cost(self, key: tuple[int, int], seconds: float) -> None:
-        self._target_cost[key] = seconds
-        self._target_cost_by_slots.setdefault(key[0], {})[key[1]] = seconds
-        self._planned_cost.pop(key[0], None)
+    def _set_target_cost(self, n_slots: int, rows: int, seconds: float) -> None:
+        self._target_cost.setdefault(n_slots, {})[rows] = seconds
+        self._planned_cost.pop(n_slots, None)
 
     def _observe_target(self, shape: tuple[int, int, int], seconds: float) -> None:
-        key = shape[:2]
-        self._set_target_cost(key, decayed(self._target_cost.get(key), seconds))
+        n_slots, rows, _ = shape
+        self._set_target_cost(n_slots, rows, decayed(self._target_cost.get(n_slots, {}).get(rows), seconds))
 
     def _draft_seconds(self, n_slots: int, sampled: bool) -> float:
         if self.drafter is None or self.drafter.model_calls_per_token == 0:
@@ -522,7 +522,7 @@ class BatchScheduler:
         for r in [r for r in ready if r.output.done]:  # after every commit: leaving moves other slots
             self._finish(r, events)
         timing = self._timing_seconds - timing_before  # shapes timed on first use during this step
-        if self._arm is not None and self._arm[0] > 1:  # a lone sequence's steps are goodput's alone
+        if self._arm is not None:
             # The draft's catch-up on tokens that plain steps committed is the price of switching to
             # drafting, and the drafting step pays it: left out, the clock saw near ties where 16
             # sequences' drafting steps after plain ones ran at 0.55-0.7x plain's rate. A lone
