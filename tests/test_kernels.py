@@ -125,6 +125,22 @@ def test_attention_rows_do_not_depend_on_window_neighbours_or_slot_positions() -
     assert torch.equal(kernels.attend_bf16(q[:1, :, :1], keys2, values2, mask2), y[:1, :, :1])
 
 
+def test_attention_rows_that_share_a_prefix_get_the_bits_they_get_alone() -> None:
+    # Rows go through the kernel two at a time, the slots that begin both their lists weighed in one
+    # pass: a causal chain (each row sees one slot more), a row that sees fewer than the one before it,
+    # rows whose lists part after a common prefix (a tree's siblings) and an odd row out.
+    q, keys, values, _ = _attention_case(2, 6, 2, 7, 64, 256, seed=40)
+    mask = torch.zeros(2, 7, 256, dtype=torch.bool)
+    mask[:, 0, :150], mask[:, 1, :151] = True, True  # a chain
+    mask[:, 2, :152], mask[:, 3, :140] = True, True  # fewer slots than the row before it
+    mask[:, 4, :140], mask[:, 4, 145] = True, True  # siblings: the prefix, then slots of their own
+    mask[:, 5, :140], mask[:, 5, 150], mask[:, 5, 152] = True, True, True
+    mask[:, 6, :100], mask[:, 6, 170:180] = True, True
+    y = kernels.attend_bf16(q, keys, values, mask)
+    for i in range(7):
+        assert torch.equal(kernels.attend_bf16(q[:, :, i:i + 1], keys, values, mask[:, i:i + 1]), y[:, :, i:i + 1]), i
+
+
 @pytest.mark.parametrize("d", [64, 28])
 def test_attention_over_a_prefix_equals_the_same_keys_scattered(d: int) -> None:
     # A chain's rows see a run of consecutive slots (vector-at-a-time paths); a tree's nodes see the

@@ -915,15 +915,20 @@ void score_blocks(const float* const* query, const K* kt, int64_t d, int64_t fir
     for (int j = 0; j < Blocks; ++j) Simd::store(score[h] + (first + j) * kLanes, acc[h * Blocks + j]);
 }
 
-// Heads sharing a pass over the keys (or values): as many as keep every accumulator in a register.
+// Query rows sharing a pass over the keys (or values): as many as keep every accumulator in a
+// register. A pass takes up to kHeadsAtOnce query heads of each of up to kRowsAtOnce step rows: two
+// rows' three heads, 24 accumulators of 16 lanes, read each key (value) vector once for six queries.
 constexpr int kHeadsAtOnce = kLanes == 16 ? 3 : 2;
+constexpr int kRowsAtOnce = kLanes == 16 ? 2 : 1;
+constexpr int kQueriesAtOnce = kHeadsAtOnce * kRowsAtOnce;
 template <typename K>
 using ScoreBlocks = void (*)(const float* const*, const K*, int64_t, int64_t, float* const*);
 template <typename K, int Heads>
 constexpr ScoreBlocks<K> kScoreBlocksFor[4] = {score_blocks<Heads, 1, K>, score_blocks<Heads, 2, K>,
                                                score_blocks<Heads, 3, K>, score_blocks<Heads, 4, K>};
 template <typename K>
-constexpr const ScoreBlocks<K>* kScoreBlocks[3] = {kScoreBlocksFor<K, 1>, kScoreBlocksFor<K, 2>, kScoreBlocksFor<K, 3>};
+constexpr const ScoreBlocks<K>* kScoreBlocks[6] = {kScoreBlocksFor<K, 1>, kScoreBlocksFor<K, 2>, kScoreBlocksFor<K, 3>,
+                                                   kScoreBlocksFor<K, 4>, kScoreBlocksFor<K, 5>, kScoreBlocksFor<K, 6>};
 
 // sums[h] (chunks of kLanes from chunk e0) += the weighted values of the listed slots, slot after
 // slot in list order, for Heads heads sharing the list (the query heads of one step row), Chunks
@@ -960,17 +965,21 @@ template <typename T, int Heads>
 constexpr WeighValues<T> kWeighValuesFor[4] = {weigh_values<Heads, 1, T>, weigh_values<Heads, 2, T>,
                                                weigh_values<Heads, 3, T>, weigh_values<Heads, 4, T>};
 template <typename T>
-constexpr const WeighValues<T>* kWeighValues[3] = {kWeighValuesFor<T, 1>, kWeighValuesFor<T, 2>, kWeighValuesFor<T, 3>};
+constexpr const WeighValues<T>* kWeighValues[6] = {kWeighValuesFor<T, 1>, kWeighValuesFor<T, 2>, kWeighValuesFor<T, 3>,
+                                                   kWeighValuesFor<T, 4>, kWeighValuesFor<T, 5>, kWeighValuesFor<T, 6>};
 
-// Every query row that shares one key/value head: the step's rows x the group's query heads. The
-// head's keys are widened and transposed once for them all, its values widened once where several rows
-// read them (one row reads them in place: widening them cost it more than it saved); then each step
-// row lists its visible slots once for its query heads, which score every slot block up to its last
-// visible slot, keep the listed slots' scores in list order, and take their softmax: the maximum,
-// e^(s - max) lane by lane, the denominator summed kLanes lanes at a time in list order and then
-// reduced in one fixed order. The weighted values are accumulated slot after slot in list order.
-// So a row's bits are a function of its query and the ordered list of its visible (key, value)
-// pairs: the same whatever the other rows, the window or where its visible slots sit.
+// Every query row that shares one key/value head: the step's rows x the group's query heads. Keys
+// the cache keeps in blocks are read in place (widened on load); otherwise they are widened and
+// transposed once for every row. Values are widened once where several rows read them (one row
+// reads them in place: widening them cost it more than it saved). The step rows go kRowsAtOnce at a
+// time: each lists its visible slots once for its query heads; the rows' heads score every slot
+// block up to the last slot either row sees, in one pass over the keys; each row keeps its listed
+// slots' scores in list order and takes their softmax: the maximum, e^(s - max) lane by lane, the
+// denominator summed kLanes lanes at a time in list order and then reduced in one fixed order. The
+// weighted values are accumulated slot after slot in list order: over the slots that begin both
+// rows' lists in one pass, then over the rest of each row's own list. So a row's bits are a
+// function of its query and the ordered list of its visible (key, value) pairs: the same whatever
+// the other rows, the window or where its visible slots sit.
 template <typename T>
 void attend_group(const AttentionLayout& a, int64_t b, int64_t kv, const T* q, const T* keys,
                   const T* values, const T* key_blocks, const bool* mask, T* out) {
@@ -988,20 +997,15 @@ void attend_group(const AttentionLayout& a, int64_t b, int64_t kv, const T* q, c
   for (int64_t i = 0; i < a.t; ++i) span = std::max(span, last_visible(group_mask + i * c, span, c) + 1);
   const int64_t blocks = (span + kLanes - 1) / kLanes;
   // Key blocks kept by the cache need no transposing here (at 400 cached positions, 16 one-row
-  // sequences spent ~25% of their step on it): fp32 ones, and bf16 ones for a lone row, are read in
-  // place (widened on load); several rows widen a copy once, as widening on every load cost a
-  // 16-row verify ~13%. The same numbers either way, so the same scores.
+  // sequences spent ~25% of their step on it). Read in place, each key vector is widened once for
+  // the queries of a pass (two rows' heads), where a widened copy cost a 6-row step 2-6% more
+  // (embedded target, 300 cached tokens); the same numbers either way, so the same scores.
   const T* kept_blocks = key_blocks != nullptr ? key_blocks + b * a.kb0 + kv * a.kb1 : nullptr;
   float* kt = nullptr;
-  if (kept_blocks == nullptr || (!std::is_same_v<T, float> && a.t > 1)) {
+  if (kept_blocks == nullptr) {
     key_buffer.resize(std::max<int64_t>(blocks * d * kLanes, 1));
     kt = key_buffer.data();
-    if (kept_blocks == nullptr) {
-      transposed_keys(keys + b * a.k0 + kv * a.k1, span, d, kt);
-    } else {
-      for (int64_t i = 0; i < blocks * d * kLanes; i += kLanes) Simd::store(kt + i, Simd::load(kept_blocks + i));
-      kept_blocks = nullptr;
-    }
+    transposed_keys(keys + b * a.k0 + kv * a.k1, span, d, kt);
   }
   const T* head_values = values + b * a.v0 + kv * a.v1;
   const float* widened = nullptr;  // the values in fp32 rows of whole chunks, where several rows read them
@@ -1013,85 +1017,129 @@ void attend_group(const AttentionLayout& a, int64_t b, int64_t kv, const T* q, c
         Simd::store(rows + s * stride + e, Simd::load(head_values + s * d + e, d - e));
     widened = rows;
   }
-  queries.resize(group * d);
-  scores.resize(group * blocks * kLanes + 1);
-  weights.resize(group * (span + kLanes));
-  sums.resize(group * stride);
-  list_buffer.resize(span + 1);
-  int32_t* list = list_buffer.data();
-  head_weights.resize(group);
-  head_queries.resize(group);
-  head_sums.resize(group);
-  head_scores.resize(group);
-  inverse.resize(group);
-  for (int64_t i = 0; i < a.t; ++i) {
-    const int64_t n = visible_slots(group_mask + i * c, span, list);
-    const int64_t row_blocks = n ? list[n - 1] / kLanes + 1 : 0;
-    for (int64_t h = 0; h < group; ++h) {
-      const T* qrow = q + (b * a.t + i) * a.q_row + (kv * group + h) * d;
-      float* query = &queries[h * d];
-      for (int64_t e = 0; e < d; e += kLanes)
-        Simd::store(query + e, d - e, Simd::mul(Simd::load(qrow + e, d - e), Simd::set1(scale)));
-      head_queries[h] = query;
-      head_scores[h] = &scores[h * blocks * kLanes];
+  const int64_t queries_kept = kRowsAtOnce * group;  // (row of the pass, head) -> index row * group + head
+  queries.resize(queries_kept * d);
+  scores.resize(queries_kept * blocks * kLanes + 1);
+  weights.resize(queries_kept * (span + kLanes));
+  sums.resize(queries_kept * stride);
+  list_buffer.resize(kRowsAtOnce * (span + 1));
+  head_weights.resize(queries_kept);
+  head_queries.resize(queries_kept);
+  head_sums.resize(queries_kept);
+  head_scores.resize(queries_kept);
+  inverse.resize(queries_kept);
+  const auto weigh = [&](int64_t n_queries, const float* const* w, const int32_t* list, int64_t n, float* const* s) {
+    for (int64_t e = 0; e < chunks; e += 4) {
+      const int64_t these = std::min<int64_t>(4, chunks - e);
+      if (widened != nullptr)
+        kWeighValues<float>[n_queries - 1][these - 1](w, list, n, widened, stride, e * kLanes, s);
+      else
+        kWeighValues<T>[n_queries - 1][these - 1](w, list, n, head_values, d, e * kLanes, s);
     }
+  };
+  // A pass's inputs and outputs, (row of the pass, head) in order, from the (row, head) ones of heads h..
+  const auto for_pass = [group](int64_t rows, int64_t h, int64_t heads, const std::vector<const float*>& inputs,
+                                const float** pass_inputs, const std::vector<float*>& outputs, float** pass_outputs) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < heads; ++j) {
+        pass_inputs[r * heads + j] = inputs[r * group + h + j];
+        pass_outputs[r * heads + j] = outputs[r * group + h + j];
+      }
+  };
+  for (int64_t i = 0, rows = 0; i < a.t; i += rows) {
+    rows = std::min<int64_t>(kRowsAtOnce, a.t - i);
+    int64_t n[kRowsAtOnce] = {};
+    const int32_t* lists[kRowsAtOnce] = {};
+    int64_t row_blocks = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      int32_t* list = list_buffer.data() + r * (span + 1);
+      n[r] = visible_slots(group_mask + (i + r) * c, span, list);
+      lists[r] = list;
+      if (n[r]) row_blocks = std::max<int64_t>(row_blocks, list[n[r] - 1] / kLanes + 1);
+    }
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t h = 0; h < group; ++h) {
+        const int64_t at = r * group + h;
+        const T* qrow = q + (b * a.t + i + r) * a.q_row + (kv * group + h) * d;
+        float* query = &queries[at * d];
+        for (int64_t e = 0; e < d; e += kLanes)
+          Simd::store(query + e, d - e, Simd::mul(Simd::load(qrow + e, d - e), Simd::set1(scale)));
+        head_queries[at] = query;
+        head_scores[at] = &scores[at * blocks * kLanes];
+      }
     for (int64_t h = 0; h < group; h += kHeadsAtOnce) {
-      const int64_t heads = std::min<int64_t>(kHeadsAtOnce, group - h);
-      for (int64_t block = 0; block < row_blocks; block += 4)
+      const int64_t heads = std::min<int64_t>(kHeadsAtOnce, group - h), n_queries = rows * heads;
+      const float* pass_queries[kQueriesAtOnce];
+      float* pass_scores[kQueriesAtOnce];
+      for_pass(rows, h, heads, head_queries, pass_queries, head_scores, pass_scores);
+      for (int64_t block = 0; block < row_blocks; block += 4) {
+        const int64_t these = std::min<int64_t>(4, row_blocks - block) - 1;
         if (kept_blocks != nullptr)
-          kScoreBlocks<T>[heads - 1][std::min<int64_t>(4, row_blocks - block) - 1](&head_queries[h], kept_blocks, d,
-                                                                                   block, &head_scores[h]);
+          kScoreBlocks<T>[n_queries - 1][these](pass_queries, kept_blocks, d, block, pass_scores);
         else
-          kScoreBlocks<float>[heads - 1][std::min<int64_t>(4, row_blocks - block) - 1](&head_queries[h], kt, d, block,
-                                                                                       &head_scores[h]);
+          kScoreBlocks<float>[n_queries - 1][these](pass_queries, kt, d, block, pass_scores);
+      }
     }
-    for (int64_t h = 0; h < group; ++h) {
-      const float* score = head_scores[h];
-      float* w = &weights[h * (span + kLanes)];
-      for (int64_t j = 0; j < n;) {  // runs of consecutive slots (the prefix) copied a vector at a time
-        if (j + kLanes <= n && list[j + kLanes - 1] - list[j] == kLanes - 1) {
-          Simd::store(w + j, Simd::load(score + list[j]));
-          j += kLanes;
-        } else {
-          w[j] = score[list[j]];
-          ++j;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int32_t* list = lists[r];
+      for (int64_t h = 0; h < group; ++h) {
+        const int64_t at = r * group + h;
+        const float* score = head_scores[at];
+        float* w = &weights[at * (span + kLanes)];
+        for (int64_t j = 0; j < n[r];) {  // runs of consecutive slots (the prefix) copied a vector at a time
+          if (j + kLanes <= n[r] && list[j + kLanes - 1] - list[j] == kLanes - 1) {
+            Simd::store(w + j, Simd::load(score + list[j]));
+            j += kLanes;
+          } else {
+            w[j] = score[list[j]];
+            ++j;
+          }
         }
+        std::fill(w + n[r], w + n[r] + kLanes, -INFINITY);  // the last chunk's tail lanes, for the maximum
+        V top_v = Simd::set1(-INFINITY);
+        for (int64_t j = 0; j < n[r]; j += kLanes) top_v = Simd::max(top_v, Simd::load(w + j));
+        alignas(64) float lanes[kLanes];
+        Simd::store(lanes, top_v);
+        float top = -INFINITY;
+        for (int64_t l = 0; l < kLanes; ++l) top = std::max(top, lanes[l]);
+        top_v = Simd::set1(top);
+        V total = Simd::zero();
+        for (int64_t j = 0; j < n[r]; j += kLanes) {
+          const V p = exp_clamped(Simd::sub(Simd::load(w + j, n[r] - j), top_v));
+          Simd::store(w + j, n[r] - j, p);
+          total = Simd::add(total, Simd::first(p, n[r] - j));  // the tail's lanes stay zero
+        }
+        inverse[at] = n[r] ? 1.0f / Simd::sum(total) : 0.0f;
+        head_weights[at] = w;
+        head_sums[at] = &sums[at * stride];
+        std::fill(head_sums[at], head_sums[at] + stride, 0.0f);
       }
-      std::fill(w + n, w + n + kLanes, -INFINITY);  // the last chunk's tail lanes, for the maximum
-      V top_v = Simd::set1(-INFINITY);
-      for (int64_t j = 0; j < n; j += kLanes) top_v = Simd::max(top_v, Simd::load(w + j));
-      alignas(64) float lanes[kLanes];
-      Simd::store(lanes, top_v);
-      float top = -INFINITY;
-      for (int64_t l = 0; l < kLanes; ++l) top = std::max(top, lanes[l]);
-      top_v = Simd::set1(top);
-      V total = Simd::zero();
-      for (int64_t j = 0; j < n; j += kLanes) {
-        const V p = exp_clamped(Simd::sub(Simd::load(w + j, n - j), top_v));
-        Simd::store(w + j, n - j, p);
-        total = Simd::add(total, Simd::first(p, n - j));  // the tail's lanes stay zero
-      }
-      inverse[h] = n ? 1.0f / Simd::sum(total) : 0.0f;
-      head_weights[h] = w;
-      head_sums[h] = &sums[h * stride];
-      std::fill(head_sums[h], head_sums[h] + stride, 0.0f);
     }
+    // The slots that begin every row's list (a causal verify's rows share all of the shorter
+    // row's), weighed in one pass; then each row's own remaining slots, in list order.
+    int64_t shared = n[0];
+    for (int64_t r = 1; r < rows; ++r)
+      shared = std::mismatch(lists[0], lists[0] + std::min(shared, n[r]), lists[r]).first - lists[0];
     for (int64_t h = 0; h < group; h += kHeadsAtOnce) {
       const int64_t heads = std::min<int64_t>(kHeadsAtOnce, group - h);
-      for (int64_t e = 0; e < chunks; e += 4) {
-        const int64_t these = std::min<int64_t>(4, chunks - e);
-        if (widened != nullptr)
-          kWeighValues<float>[heads - 1][these - 1](&head_weights[h], list, n, widened, stride, e * kLanes,
-                                                    &head_sums[h]);
-        else
-          kWeighValues<T>[heads - 1][these - 1](&head_weights[h], list, n, head_values, d, e * kLanes, &head_sums[h]);
+      const float* pass_weights[kQueriesAtOnce];
+      float* pass_sums[kQueriesAtOnce];
+      for_pass(rows, h, heads, head_weights, pass_weights, head_sums, pass_sums);
+      if (shared) weigh(rows * heads, pass_weights, lists[0], shared, pass_sums);
+      for (int64_t r = 0; r < rows; ++r) {
+        if (n[r] == shared) continue;
+        const float* own_weights[kHeadsAtOnce];
+        for (int64_t j = 0; j < heads; ++j) own_weights[j] = pass_weights[r * heads + j] + shared;
+        weigh(heads, own_weights, lists[r] + shared, n[r] - shared, &pass_sums[r * heads]);
       }
     }
-    for (int64_t h = 0; h < group; ++h) {
-      T* o = out + (b * a.t + i) * a.out_row + (kv * group + h) * d;
-      const V inv = Simd::set1(inverse[h]);
-      for (int64_t e = 0; e < d; e += kLanes) Simd::store(o + e, d - e, Simd::mul(Simd::load(&sums[h * stride + e]), inv));
-    }
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t h = 0; h < group; ++h) {
+        const int64_t at = r * group + h;
+        T* o = out + (b * a.t + i + r) * a.out_row + (kv * group + h) * d;
+        const V inv = Simd::set1(inverse[at]);
+        for (int64_t e = 0; e < d; e += kLanes) Simd::store(o + e, d - e, Simd::mul(Simd::load(&sums[at * stride + e]), inv));
+      }
   }
 }
 
