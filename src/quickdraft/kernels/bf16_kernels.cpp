@@ -967,6 +967,7 @@ constexpr WeighValues<T> kWeighValuesFor[4] = {weigh_values<Heads, 1, T>, weigh_
 template <typename T>
 constexpr const WeighValues<T>* kWeighValues[6] = {kWeighValuesFor<T, 1>, kWeighValuesFor<T, 2>, kWeighValuesFor<T, 3>,
                                                    kWeighValuesFor<T, 4>, kWeighValuesFor<T, 5>, kWeighValuesFor<T, 6>};
+static_assert(kQueriesAtOnce <= 6, "a pass's queries index the 6-entry score and value tables");
 
 // Every query row that shares one key/value head: the step's rows x the group's query heads. Keys
 // the cache keeps in blocks are read in place (widened on load); otherwise they are widened and
