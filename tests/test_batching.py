@@ -54,6 +54,15 @@ def step_gammas(scheduler: BatchScheduler, steps: int) -> list[int]:
     return gammas
 
 
+def cancel_everything(scheduler: BatchScheduler) -> None:
+    """Leave a shared scheduler idle: the next test that uses it starts from empty slots."""
+    for request in [*scheduler.waiting, *scheduler.active]:
+        scheduler.cancel(request)
+    while not scheduler.idle:
+        scheduler.step()
+    assert scheduler.idle
+
+
 def run_staggered(scheduler: BatchScheduler, jobs: list[tuple[list[int], int, SamplingParams]], join_every: int):
     """Submit one job every ``join_every`` steps (the rest join mid-flight); returns token ids per job."""
     results: dict[int, list[int]] = {}
@@ -309,6 +318,7 @@ def test_the_clock_overrules_goodput_when_plain_steps_commit_more_per_second(eng
         arms.seconds[arm] = arms.tokens[arm] / (3.0 if arm == "plain" else 1.0)
     assert chosen[:4] == [3, 3, 0, 0]  # each arm tried twice
     assert chosen[4:].count(0) >= 70 and 3 in chosen[4:]  # plain runs; goodput's γ is measured again now and then
+    cancel_everything(scheduler)
 
 
 def test_a_lone_sequence_follows_goodput_and_a_batch_the_clock(engines, monkeypatch):
@@ -324,6 +334,7 @@ def test_a_lone_sequence_follows_goodput_and_a_batch_the_clock(engines, monkeypa
     scheduler.step()  # admits and prefills the new ones
     together = step_gammas(scheduler, 5)
     assert together == [0] * 5
+    cancel_everything(scheduler)
 
 
 def test_the_clock_weighs_each_arm_by_goodputs_prediction_for_this_batch():
@@ -384,6 +395,7 @@ def test_a_drafting_step_after_plain_ones_pays_the_drafts_catch_up_on_the_clock(
     assert arms == ["plain"] * 12 + ["goodput"] * 4
     assert observed[12][1] >= 0.2  # the first drafting step caught the draft up on 12 plain steps' tokens
     assert all(seconds < 0.2 for _, seconds in observed[13:])  # the next ones had nothing to catch up
+    cancel_everything(scheduler)
 
 
 def test_timing_a_new_shape_counts_neither_as_step_overhead_nor_on_the_clock(engines, monkeypatch):
@@ -426,7 +438,8 @@ def test_goodput_drafts_now_and_then_when_its_costs_keep_it_plain(engines, monke
     monkeypatch.setattr(scheduler, "_goodput_rates", lambda *args: [1000.0, 500.0, 800.0, 600.0])
     monkeypatch.setattr(MeasuredArms, "choose", lambda self, weights=None: "goodput")
     scheduler._plain_streak, scheduler._probe_after = 0, PROBE_EVERY
-    requests = [scheduler.submit(prompt, 200, SamplingParams(), "auto") for prompt in mixed_prompts(3)]
+    for prompt in mixed_prompts(3):
+        scheduler.submit(prompt, 200, SamplingParams(), "auto")
     chosen = step_gammas(scheduler, 7 * PROBE_EVERY)
     # each probe that leaves goodput plain doubles the wait for the next one
     assert chosen == [0] * (PROBE_EVERY - 1) + [2] + [0] * (2 * PROBE_EVERY - 1) + [2] + [0] * (4 * PROBE_EVERY - 1) + [2]
@@ -440,9 +453,7 @@ def test_goodput_drafts_now_and_then_when_its_costs_keep_it_plain(engines, monke
     scheduler._plain_streak, scheduler._probe_after = 0, PROBE_EVERY
     chosen = step_gammas(scheduler, PROBE_EVERY)
     assert chosen == [0] * (PROBE_EVERY - 1) + [2]
-    for request in requests:
-        scheduler.cancel(request)
-    scheduler.step()
+    cancel_everything(scheduler)
 
 
 def test_probes_back_off_while_the_clock_keeps_plain_steps_that_goodput_would_draft(engines, monkeypatch):
@@ -453,16 +464,15 @@ def test_probes_back_off_while_the_clock_keeps_plain_steps_that_goodput_would_dr
         1000.0, 500.0, 1100.0 if next(steps) % 10 == 9 else 800.0, 600.0])
     monkeypatch.setattr(MeasuredArms, "choose", lambda self, weights=None: "plain")
     scheduler._plain_streak, scheduler._probe_after = 0, PROBE_EVERY
-    requests = [scheduler.submit(prompt, 300, SamplingParams(), "auto") for prompt in mixed_prompts(3)]
+    for prompt in mixed_prompts(3):
+        scheduler.submit(prompt, 300, SamplingParams(), "auto")
     chosen = step_gammas(scheduler, 16 * PROBE_EVERY)
     probes = [i for i, gamma in enumerate(chosen) if gamma]
     # the clock's plain steps count in the streak and leave the wait doubling (it used to start again
     # from PROBE_EVERY each time, so such a batch probed every few dozen steps)
     # (step 15 x 16 - 1 = 239 is one where goodput drafts and the clock keeps plain: a probe waits for the next)
     assert probes == [PROBE_EVERY - 1, 3 * PROBE_EVERY - 1, 7 * PROBE_EVERY - 1, 15 * PROBE_EVERY]
-    for request in requests:
-        scheduler.cancel(request)
-    scheduler.step()
+    cancel_everything(scheduler)
 
 
 def test_a_new_request_starts_from_the_acceptance_measured_on_earlier_ones_of_its_kind(engines):
@@ -570,8 +580,11 @@ def test_a_sequence_that_never_drafts_never_prefills_the_draft_model(engines):
     joins: a batch that decodes plainly pays nothing for the drafter, and drafting later stays exact."""
     engine = engines["related"]
     scheduler = engine.batch_scheduler(4)
+    assert scheduler.idle  # shared by this module's tests: each one leaves it so (``cancel_everything``)
     prompt = mixed_prompts(4)[1]
-    scheduler.submit(prompt, 6, SamplingParams(), 0)  # plain decoding: gamma 0
+    plain = scheduler.submit(prompt, 6, SamplingParams(), 0)  # plain decoding: gamma 0
+    scheduler.step()
+    assert plain.slot == 0
     while not scheduler.idle:
         scheduler.step()
     assert scheduler.drafter.length[0] == 0
