@@ -13,7 +13,7 @@ from quickdraft import Engine, SamplingParams
 import quickdraft.batch.prefill as prefill_module
 from quickdraft.batch.drafters import DraftRequest, batch_drafter
 from quickdraft.batch.prefill import PrefillChunk, prefill_groups
-from quickdraft.batch.scheduler import BatchScheduler
+from quickdraft.batch.scheduler import REPLAN_EVERY, BatchScheduler
 from quickdraft.engine import COST_OUTLIER, decayed
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.lookup_then_model import LookupThenModelDrafter
@@ -54,13 +54,18 @@ def step_gammas(scheduler: BatchScheduler, steps: int) -> list[int]:
     return gammas
 
 
-def cancel_everything(scheduler: BatchScheduler) -> None:
-    """Leave a shared scheduler idle: the next test that uses it starts from empty slots."""
-    for request in [*scheduler.waiting, *scheduler.active]:
-        scheduler.cancel(request)
-    while not scheduler.idle:
-        scheduler.step()
-    assert scheduler.idle
+@pytest.fixture(autouse=True)
+def idle_schedulers_after_each_test(request):
+    """The engines' schedulers are shared by this module's tests: each test leaves them idle, failed
+    or not, so that the next one starts from empty slots whichever worker runs it after which."""
+    yield
+    if "engines" in request.fixturenames:
+        for engine in request.getfixturevalue("engines").values():
+            for scheduler in engine._schedulers.values():
+                for running in [*scheduler.waiting, *scheduler.active]:
+                    scheduler.cancel(running)
+                while not scheduler.idle:
+                    scheduler.step()
 
 
 def run_staggered(scheduler: BatchScheduler, jobs: list[tuple[list[int], int, SamplingParams]], join_every: int):
@@ -318,7 +323,6 @@ def test_the_clock_overrules_goodput_when_plain_steps_commit_more_per_second(eng
         arms.seconds[arm] = arms.tokens[arm] / (3.0 if arm == "plain" else 1.0)
     assert chosen[:4] == [3, 3, 0, 0]  # each arm tried twice
     assert chosen[4:].count(0) >= 70 and 3 in chosen[4:]  # plain runs; goodput's γ is measured again now and then
-    cancel_everything(scheduler)
 
 
 def test_a_lone_sequence_follows_goodput_and_a_batch_the_clock(engines, monkeypatch):
@@ -334,7 +338,6 @@ def test_a_lone_sequence_follows_goodput_and_a_batch_the_clock(engines, monkeypa
     scheduler.step()  # admits and prefills the new ones
     together = step_gammas(scheduler, 5)
     assert together == [0] * 5
-    cancel_everything(scheduler)
 
 
 def test_the_clock_weighs_each_arm_by_goodputs_prediction_for_this_batch():
@@ -395,7 +398,6 @@ def test_a_drafting_step_after_plain_ones_pays_the_drafts_catch_up_on_the_clock(
     assert arms == ["plain"] * 12 + ["goodput"] * 4
     assert observed[12][1] >= 0.2  # the first drafting step caught the draft up on 12 plain steps' tokens
     assert all(seconds < 0.2 for _, seconds in observed[13:])  # the next ones had nothing to catch up
-    cancel_everything(scheduler)
 
 
 def test_timing_a_new_shape_counts_neither_as_step_overhead_nor_on_the_clock(engines, monkeypatch):
@@ -453,26 +455,46 @@ def test_goodput_drafts_now_and_then_when_its_costs_keep_it_plain(engines, monke
     scheduler._plain_streak, scheduler._probe_after = 0, PROBE_EVERY
     chosen = step_gammas(scheduler, PROBE_EVERY)
     assert chosen == [0] * (PROBE_EVERY - 1) + [2]
-    cancel_everything(scheduler)
 
 
 def test_probes_back_off_while_the_clock_keeps_plain_steps_that_goodput_would_draft(engines, monkeypatch):
     scheduler = engines["related"].batch_scheduler(4)
-    steps = iter(range(10**6))
+    step = {"index": 0}
     # goodput's best is plain, but γ = 2 on every 10th step, where the clock keeps plain
     monkeypatch.setattr(scheduler, "_goodput_rates", lambda *args: [
-        1000.0, 500.0, 1100.0 if next(steps) % 10 == 9 else 800.0, 600.0])
+        1000.0, 500.0, 1100.0 if step["index"] % 10 == 9 else 800.0, 600.0])
     monkeypatch.setattr(MeasuredArms, "choose", lambda self, weights=None: "plain")
     scheduler._plain_streak, scheduler._probe_after = 0, PROBE_EVERY
     for prompt in mixed_prompts(3):
         scheduler.submit(prompt, 300, SamplingParams(), "auto")
-    chosen = step_gammas(scheduler, 16 * PROBE_EVERY)
+    chosen = []
+    for step["index"] in range(16 * PROBE_EVERY):
+        chosen += step_gammas(scheduler, 1)
     probes = [i for i, gamma in enumerate(chosen) if gamma]
     # the clock's plain steps count in the streak and leave the wait doubling (it used to start again
     # from PROBE_EVERY each time, so such a batch probed every few dozen steps)
     # (step 15 x 16 - 1 = 239 is one where goodput drafts and the clock keeps plain: a probe waits for the next)
     assert probes == [PROBE_EVERY - 1, 3 * PROBE_EVERY - 1, 7 * PROBE_EVERY - 1, 15 * PROBE_EVERY]
-    cancel_everything(scheduler)
+
+
+def test_a_plain_plan_is_kept_for_a_few_steps_while_the_same_sequences_decode(engines, monkeypatch):
+    scheduler = engines["related"].batch_scheduler(4)
+    planned: list[int] = []  # the running sequences at each of goodput's plans
+    # plain by far: drafting is never within reach of a probe either
+    monkeypatch.setattr(scheduler, "_goodput_rates", lambda *args: planned.append(len(scheduler.active)) or [
+        1000.0, 500.0, 600.0, 400.0])
+    monkeypatch.setattr(MeasuredArms, "choose", lambda self, weights=None: "goodput")
+    for prompt in mixed_prompts(2):
+        scheduler.submit(prompt, 200, SamplingParams(), "auto")
+    assert step_gammas(scheduler, 2 * REPLAN_EVERY + 1) == [0] * (2 * REPLAN_EVERY + 1)
+    assert planned == [2, 2, 2]  # the last plan may be kept REPLAN_EVERY - 1 steps more
+    assert scheduler._arm is not None and scheduler._arm[1] == "plain"  # kept steps count on the clock's plain arm
+    scheduler.submit(mixed_prompts(3)[2], 200, SamplingParams(), "auto")
+    step_gammas(scheduler, 2)
+    assert planned == [2, 2, 2, 3]  # a sequence joined: planned again at once, then kept
+    scheduler.cancel(scheduler.active[0])
+    step_gammas(scheduler, 1)
+    assert planned == [2, 2, 2, 3, 2]  # one left
 
 
 def test_a_new_request_starts_from_the_acceptance_measured_on_earlier_ones_of_its_kind(engines):
@@ -580,7 +602,7 @@ def test_a_sequence_that_never_drafts_never_prefills_the_draft_model(engines):
     joins: a batch that decodes plainly pays nothing for the drafter, and drafting later stays exact."""
     engine = engines["related"]
     scheduler = engine.batch_scheduler(4)
-    assert scheduler.idle  # shared by this module's tests: each one leaves it so (``cancel_everything``)
+    assert scheduler.idle  # shared by this module's tests: each one leaves it so (``idle_schedulers_after_each_test``)
     prompt = mixed_prompts(4)[1]
     plain = scheduler.submit(prompt, 6, SamplingParams(), 0)  # plain decoding: gamma 0
     scheduler.step()

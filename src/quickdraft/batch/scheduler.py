@@ -67,6 +67,10 @@ MAX_PROBE_BACKOFF = 16
 PROBE_WITHIN = 0.75
 # The clock's settled choice is checked every 32 steps at first, at most every MAX_EXPLORE_EVERY.
 MAX_EXPLORE_EVERY = 256
+# Goodput's plain plan is kept for up to this many steps while the batch's sequences stay the same
+# (``_kept_plain_plan``): under steady load, planning every step cost 97 µs of a ~4 ms step at 16
+# sequences and 154 µs at 32; kept, 24 and 39 µs (docs/bench/round42/plan_cost.py).
+REPLAN_EVERY = 8
 DRAFT_COST_PRIOR = 0.3  # a draft step's cost relative to a plain target step, until measured
 # The arms of the clock's check on goodput: its γ, or plain batched decoding.
 GOODPUT, PLAIN = "goodput", "plain"
@@ -167,6 +171,10 @@ class BatchScheduler:
         self._arm: tuple[int, str, float] | None = None
         self._plain_streak = 0  # consecutive plain steps of auto requests (goodput's or the clock's choice)
         self._probe_after = PROBE_EVERY  # plain steps before the next drafting probe (backs off)
+        self._batch_version = 0  # changes whenever a sequence starts decoding or leaves
+        # (batch version, steps it may still be kept, whether a probe may draft, the clock's observation)
+        # of goodput's last plain plan
+        self._plain_plan: tuple[int, int, bool, tuple[int, str, float] | None] | None = None
         self.last_gamma = 0
         self.last_batch = 0
 
@@ -269,6 +277,8 @@ class BatchScheduler:
             if request.prefilled >= len(request.prompt_ids) - 1:
                 request.ready = True
                 ready.append(request)
+        if ready:
+            self._batch_version += 1
         if self.drafter is not None and ready:
             self.drafter.begin([(r.slot, r.prompt_ids) for r in ready if r.slot is not None])
         seconds = time.perf_counter() - start
@@ -294,6 +304,8 @@ class BatchScheduler:
 
     def _draft_lengths(self, ready: list[BatchRequest]) -> list[int]:
         """Each sequence's draft length this step: its fixed γ, or the batch's goodput γ."""
+        if self._kept_plain_plan():
+            return [0] * len(ready)
         caps = []
         for r in ready:
             cap = max(0, min(self.engine.max_gamma, r.remaining - 1))
@@ -335,8 +347,29 @@ class BatchScheduler:
             self._plain_streak = 0 if gamma else self._plain_streak + 1
             if bucket > 1:  # a lone sequence's steps are goodput's alone: nothing for the clock to observe
                 self._arm = (bucket, str(arm), rates[gamma])
+            planned_plain = gamma == 0 and rates[0] >= max(rates) and all(f in (None, 0) for f in fixed)
+            self._plain_plan = ((self._batch_version, REPLAN_EVERY - 1, self._probe_within_reach(rates), self._arm)
+                                if planned_plain else None)
         self.last_gamma = gamma
         return [f if f is not None else min(gamma, c) for f, c in zip(fixed, caps)]
+
+    def _kept_plain_plan(self) -> bool:
+        """Whether this step keeps goodput's last plan, plain decoding, without planning again: it
+        does while the same sequences decode, for up to REPLAN_EVERY steps, unless a probe is due
+        (and the plan's rates let it draft). What goodput weighs cannot favour drafting meanwhile:
+        plain steps observe no acceptance, and the caps only shrink as sequences near their ends.
+        Only the step costs' estimates move."""
+        kept = self._plain_plan
+        if kept is None or kept[0] != self._batch_version or kept[1] <= 0:
+            return False
+        version, steps_left, probe_within_reach, arm = kept
+        if probe_within_reach and self._plain_streak + 1 >= self._probe_after:
+            return False
+        self._plain_plan = (version, steps_left - 1, probe_within_reach, arm)
+        self._plain_streak += 1
+        self._arm = arm
+        self.last_gamma = 0
+        return True
 
     def _probe(self, rates: list[float]) -> int:
         """Goodput's best drafting γ when it should run this step although goodput chose plain, else 0.
@@ -346,14 +379,19 @@ class BatchScheduler:
         again: a large batch, where plain is right, pays a probe's catch-up for every sequence. The
         wait once reset whenever goodput's choice flipped to drafting and the clock kept plain, and
         16 sequences probed every ~80 steps."""
-        drafting = max(range(1, len(rates)), key=rates.__getitem__, default=0)
-        if not drafting or rates[drafting] < PROBE_WITHIN * rates[0] or self._plain_streak + 1 < self._probe_after:
+        if not self._probe_within_reach(rates) or self._plain_streak + 1 < self._probe_after:
             return 0
+        drafting = max(range(1, len(rates)), key=rates.__getitem__)
         self._probe_after = min(2 * self._probe_after, MAX_PROBE_BACKOFF * PROBE_EVERY)
         # At least 2 tokens: a 1-token draft times its step and the proposal's fixed cost only
         # together, and a step cost learned from such probes alone (it held the fixed cost: 1.1-4.5 ms
         # against 0.07-0.09 for a 4-sequence draft step) kept goodput plain and its probes at 1 token.
         return max(drafting, min(2, len(rates) - 1))
+
+    @staticmethod
+    def _probe_within_reach(rates: list[float]) -> bool:
+        """Whether goodput's best drafting γ comes within PROBE_WITHIN of plain decoding's rate."""
+        return len(rates) > 1 and max(rates[1:]) >= PROBE_WITHIN * rates[0]
 
     def _goodput_rates(self, auto: list[tuple[BatchRequest, int]], fixed_max: int) -> list[float]:
         """The batch's expected committed tokens per second at each γ from 0 up (goodput picks the
@@ -562,6 +600,7 @@ class BatchScheduler:
 
     def _finish(self, request: BatchRequest, events: list[tuple[BatchRequest, StreamEvent]]) -> None:
         events.append((request, request.output.finish()))
+        self._batch_version += 1
         slot = request.slot
         assert slot is not None and self.active[slot] is request
         last = self.active.pop()
