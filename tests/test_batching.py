@@ -306,7 +306,7 @@ def test_a_compiled_draft_drafts_a_lone_sequence_and_changes_no_output(checkpoin
 
 
 def test_the_clock_overrules_goodput_when_plain_steps_commit_more_per_second(engines, monkeypatch):
-    scheduler = engines["related"].batch_scheduler(4)
+    scheduler = BatchScheduler(engines["related"], 4)  # a clock of its own: no arm tried yet
     # the model always says γ = 3, at 1.5x plain's tokens per second
     monkeypatch.setattr(scheduler, "_goodput_rates", lambda *args: [1000.0, 1200.0, 1300.0, 1500.0])
     for prompt in mixed_prompts(3):
