@@ -39,6 +39,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: (item.module.__name__ not in slow_modules, order[id(item)]))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The second xdist worker builds the lesser kernel builds this CPU runs (for the test that checks
+    them in a subprocess) before collecting: collection makes both workers load this run's kernels,
+    and while one compiles them (~20 s) the other only waited for it. Only in a whole run, where that
+    test is selected."""
+    if os.environ.get("PYTEST_XDIST_WORKER") != "gw1" or config.option.markexpr or config.option.keyword:
+        return
+    from quickdraft import kernels
+
+    chosen = kernels.isa() if os.environ.get("QUICKDRAFT_KERNELS", "1") != "0" else None
+    if chosen is None or os.environ.get("QUICKDRAFT_KERNELS_ISA"):
+        return
+    runnable = kernels.runnable_isas()
+    for lesser in runnable[runnable.index(chosen) + 1:]:
+        try:
+            kernels.build_only(lesser)
+        except Exception:  # noqa: BLE001 - the test that loads it reports the failure
+            pass
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Freeze what collection built (modules, torch, hypothesis: ~400,000 objects) out of the garbage
     collector's way (``gc.freeze``): every full collection rescanned them, ~15-20% of the batched

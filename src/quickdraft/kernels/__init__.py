@@ -157,6 +157,18 @@ def _build_once(compiler: str, library: Path, isa_flags: tuple[str, ...]) -> Non
             _build(compiler, library, isa_flags)
 
 
+def build_only(name: str) -> None:
+    """Build the kernels for the instruction set ``name`` into the cache without loading them (a
+    test run prepares a lesser build that a subprocess loads); nothing without a compiler."""
+    compiler = _compiler()
+    if compiler is None:
+        return
+    isa_flags = ISAS[name][1]
+    library = _library_path(compiler, isa_flags)
+    if not library.exists():
+        _build_once(compiler, library, isa_flags)
+
+
 _loaded_library: Path | None = None  # the build loaded_isa() loaded
 
 
