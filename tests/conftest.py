@@ -43,8 +43,12 @@ def pytest_configure(config: pytest.Config) -> None:
     """The second xdist worker builds the lesser kernel builds this CPU runs (for the test that checks
     them in a subprocess) before collecting: collection makes both workers load this run's kernels,
     and while one compiles them (~20 s) the other only waited for it. Only in a whole run, where that
-    test is selected."""
+    test is selected: the kernel tests collected, and no ``-m`` or ``-k``."""
     if os.environ.get("PYTEST_XDIST_WORKER") != "gw1" or config.option.markexpr or config.option.keyword:
+        return
+    kernel_tests = Path(__file__).with_name("test_kernels.py").resolve()
+    paths = [Path(arg.split("::")[0]).resolve() for arg in config.args] or [config.rootpath / "tests"]
+    if not any(path == kernel_tests or (path.is_dir() and kernel_tests.is_relative_to(path)) for path in paths):
         return
     from quickdraft import kernels
 
