@@ -13,7 +13,7 @@ from quickdraft import Engine, SamplingParams
 import quickdraft.batch.prefill as prefill_module
 from quickdraft.batch.drafters import DraftRequest, batch_drafter
 from quickdraft.batch.prefill import PrefillChunk, prefill_groups
-from quickdraft.batch.scheduler import REPLAN_EVERY, BatchScheduler
+from quickdraft.batch.scheduler import MIN_EVIDENCE, REPLAN_EVERY, RETRY_EVERY, BatchScheduler
 from quickdraft.engine import COST_OUTLIER, decayed
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.lookup_then_model import LookupThenModelDrafter
@@ -495,6 +495,19 @@ def test_a_plain_plan_is_kept_for_a_few_steps_while_the_same_sequences_decode(en
     scheduler.cancel(scheduler.active[0])
     step_gammas(scheduler, 1)
     assert planned == [2, 2, 2, 3, 2]  # one left
+
+
+def test_a_sequence_that_stopped_drafting_retries_on_schedule_while_plain_plans_are_kept(engines, monkeypatch):
+    scheduler = BatchScheduler(engines["related"], 4)
+    # plain while no sequence may draft; a retry's 1-token draft pays (goodput drafts it)
+    monkeypatch.setattr(scheduler, "_goodput_rates", lambda auto, fixed_max: [1000.0, 2000.0][: 1 + max(
+        cap for _, cap in auto)])
+    monkeypatch.setattr(MeasuredArms, "choose", lambda self, weights=None: "goodput")
+    requests = [scheduler.submit(prompt, 200, SamplingParams(), "auto") for prompt in mixed_prompts(2)]
+    for request in requests:  # drafts that kept failing: below MIN_ALPHA after MIN_EVIDENCE drafted tokens
+        request.drafted_total, request.controller.accepts, request.controller.rejects = MIN_EVIDENCE, 0.5, 200.0
+    gammas = step_gammas(scheduler, 3 * RETRY_EVERY + 1)
+    assert [i for i, gamma in enumerate(gammas) if gamma] == [0, RETRY_EVERY, 2 * RETRY_EVERY, 3 * RETRY_EVERY]
 
 
 def test_a_new_request_starts_from_the_acceptance_measured_on_earlier_ones_of_its_kind(engines):

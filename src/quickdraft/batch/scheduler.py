@@ -307,12 +307,14 @@ class BatchScheduler:
         if self._kept_plain_plan():
             return [0] * len(ready)
         caps = []
+        retry_in = REPLAN_EVERY  # steps until a sequence that stopped drafting retries (a plan may be kept until then)
         for r in ready:
             cap = max(0, min(self.engine.max_gamma, r.remaining - 1))
             if r.controller.fixed == 0 and not r.controller.auto:
                 cap = 0
             elif r.drafted_total >= MIN_EVIDENCE and r.alpha < MIN_ALPHA:
                 cap = min(cap, 1) if r.steps % RETRY_EVERY == 0 else 0
+                retry_in = min(retry_in, -r.steps % RETRY_EVERY or RETRY_EVERY)
             caps.append(cap)
         fixed = [min(r.controller.fixed, c) if not r.controller.auto else None for r, c in zip(ready, caps)]
         auto = [(r, c) for r, c, f in zip(ready, caps, fixed) if f is None]
@@ -348,7 +350,7 @@ class BatchScheduler:
             if bucket > 1:  # a lone sequence's steps are goodput's alone: nothing for the clock to observe
                 self._arm = (bucket, str(arm), rates[gamma])
             planned_plain = gamma == 0 and rates[0] >= max(rates) and all(f in (None, 0) for f in fixed)
-            self._plain_plan = ((self._batch_version, REPLAN_EVERY - 1, self._probe_within_reach(rates), self._arm)
+            self._plain_plan = ((self._batch_version, retry_in - 1, self._probe_within_reach(rates), self._arm)
                                 if planned_plain else None)
         self.last_gamma = gamma
         return [f if f is not None else min(gamma, c) for f, c in zip(fixed, caps)]
@@ -356,9 +358,9 @@ class BatchScheduler:
     def _kept_plain_plan(self) -> bool:
         """Whether this step keeps goodput's last plan, plain decoding, without planning again: it
         does while the same sequences decode, for up to REPLAN_EVERY steps, unless a probe is due
-        (and the plan's rates let it draft). What goodput weighs cannot favour drafting meanwhile:
-        plain steps observe no acceptance, and the caps only shrink as sequences near their ends.
-        Only the step costs' estimates move."""
+        (and the plan's rates let it draft) or a sequence that stopped drafting retries. What goodput
+        weighs cannot favour drafting meanwhile: plain steps observe no acceptance, and the other caps
+        only shrink as sequences near their ends. Only the step costs' estimates move."""
         kept = self._plain_plan
         if kept is None or kept[0] != self._batch_version or kept[1] <= 0:
             return False
