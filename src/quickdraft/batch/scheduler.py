@@ -279,8 +279,8 @@ class BatchScheduler:
                 ready.append(request)
         if ready:
             self._batch_version += 1
-        if self.drafter is not None and ready:
-            self.drafter.begin([(r.slot, r.prompt_ids) for r in ready if r.slot is not None])
+            if self.drafter is not None:
+                self.drafter.begin([(r.slot, r.prompt_ids) for r in ready if r.slot is not None])
         seconds = time.perf_counter() - start
         fed = sum(max(1, len(c.tokens)) for _, c in chunks)
         for request, chunk in chunks:
@@ -361,11 +361,11 @@ class BatchScheduler:
         (and the plan's rates let it draft) or a sequence that stopped drafting retries. What goodput
         weighs cannot favour drafting meanwhile: plain steps observe no acceptance, and the other caps
         only shrink as sequences near their ends. Only the step costs' estimates move."""
-        kept = self._plain_plan
-        if kept is None or kept[0] != self._batch_version or kept[1] <= 0:
+        if self._plain_plan is None:
             return False
-        version, steps_left, probe_within_reach, arm = kept
-        if probe_within_reach and self._plain_streak + 1 >= self._probe_after:
+        version, steps_left, probe_within_reach, arm = self._plain_plan
+        if (version != self._batch_version or steps_left <= 0
+                or (probe_within_reach and self._plain_streak + 1 >= self._probe_after)):
             return False
         self._plain_plan = (version, steps_left - 1, probe_within_reach, arm)
         self._plain_streak += 1

@@ -157,16 +157,20 @@ def _build_once(compiler: str, library: Path, isa_flags: tuple[str, ...]) -> Non
             _build(compiler, library, isa_flags)
 
 
+def _built_library(compiler: str, isa_flags: tuple[str, ...]) -> Path:
+    """The cached library of this build, built first if it is not there yet."""
+    library = _library_path(compiler, isa_flags)
+    if not library.exists():
+        _build_once(compiler, library, isa_flags)
+    return library
+
+
 def build_only(name: str) -> None:
     """Build the kernels for the instruction set ``name`` into the cache without loading them (a
     test run prepares a lesser build that a subprocess loads); nothing without a compiler."""
     compiler = _compiler()
-    if compiler is None:
-        return
-    isa_flags = ISAS[name][1]
-    library = _library_path(compiler, isa_flags)
-    if not library.exists():
-        _build_once(compiler, library, isa_flags)
+    if compiler is not None:
+        _built_library(compiler, ISAS[name][1])
 
 
 _loaded_library: Path | None = None  # the build loaded_isa() loaded
@@ -198,9 +202,7 @@ def loaded_isa() -> str | None:
     for candidate in (chosen, *fallbacks):
         isa_flags = ISAS[candidate][1]
         try:
-            library = _library_path(compiler, isa_flags)
-            if not library.exists():
-                _build_once(compiler, library, isa_flags)
+            library = _built_library(compiler, isa_flags)
             torch.ops.load_library(str(library))
             _loaded_library = library
         except Exception as exc:  # noqa: BLE001 - any failure: a lesser build, or torch's products
