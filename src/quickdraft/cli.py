@@ -8,8 +8,12 @@ import logging
 import sys
 from collections.abc import Callable
 from importlib import import_module
+from typing import TYPE_CHECKING
 
 from quickdraft.errors import QuickdraftError
+
+if TYPE_CHECKING:
+    from quickdraft.threads import ThreadGovernor
 
 log = logging.getLogger("quickdraft")
 
@@ -121,35 +125,42 @@ def resolve_target_and_drafter(args: argparse.Namespace) -> tuple[str, str | Non
     return target, drafter
 
 
-def apply_threads(args: argparse.Namespace | None = None) -> None:
-    """--threads, else $QUICKDRAFT_THREADS, else the cores free at start-up (quickdraft/threads.py)."""
+def apply_threads(args: argparse.Namespace | None = None) -> ThreadGovernor | None:
+    """--threads, else $QUICKDRAFT_THREADS, else the cores free at start-up (quickdraft/threads.py);
+    in that last case, also a governor that keeps following the free cores while an engine decodes
+    (``Engine.follow_free_cores``)."""
     import os
 
     import torch
 
-    from quickdraft.threads import default_threads
+    from quickdraft.threads import ThreadGovernor, default_threads
 
     threads = getattr(args, "threads", None) or os.environ.get("QUICKDRAFT_THREADS")
     if threads:
         if int(threads) < 1:
             raise QuickdraftError(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(int(threads))
-    else:
-        torch.set_num_threads(default_threads(torch.get_num_threads()))
+        return None
+    ceiling = torch.get_num_threads()
+    torch.set_num_threads(default_threads(ceiling))
+    return ThreadGovernor(ceiling)
 
 
 def build_engine(args: argparse.Namespace):
     from quickdraft.engine import Engine
 
-    apply_threads(args)
+    governor = apply_threads(args)
 
     target, drafter = resolve_target_and_drafter(args)
-    return Engine(target, drafter, exact=not args.no_exact, dtype=args.dtype, device=args.device,
-                  draft_dtype=args.draft_dtype, compile_drafter=bool(args.compile_drafter),
-                  compile_target=bool(args.compile_target), tree_nodes=getattr(args, "tree", None),
-                  full_draft_head=bool(getattr(args, "full_draft_head", False)),
-                  quantized_draft=bool(getattr(args, "quantized_draft", True)),
-                  target_bits=getattr(args, "target_bits", None))
+    engine = Engine(target, drafter, exact=not args.no_exact, dtype=args.dtype, device=args.device,
+                    draft_dtype=args.draft_dtype, compile_drafter=bool(args.compile_drafter),
+                    compile_target=bool(args.compile_target), tree_nodes=getattr(args, "tree", None),
+                    full_draft_head=bool(getattr(args, "full_draft_head", False)),
+                    quantized_draft=bool(getattr(args, "quantized_draft", True)),
+                    target_bits=getattr(args, "target_bits", None))
+    if governor is not None:
+        engine.follow_free_cores(governor)
+    return engine
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

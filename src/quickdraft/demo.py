@@ -93,7 +93,7 @@ def run_demo() -> int:
         prompt = list(range(1, 33))
         print("quickdraft demo: the embedded model pair is not installed, so this runs on a small RANDOM "
               "model pair built on the fly (token ids, no text).\n", file=sys.stderr)
-    apply_threads()  # $QUICKDRAFT_THREADS, else the cores free at start-up
+    governor = apply_threads()  # $QUICKDRAFT_THREADS, else the cores free, at start-up and as it runs
     # dtype auto: bf16 on CPUs with bf16 dot products. Target and draft run compiled steps; exact
     # mode keeps the output bit-identical to plain greedy decoding of the same engine. The baseline
     # is the fastest plain decoding: the same engine's 1-row steps when exact mode runs on compiled
@@ -103,6 +103,8 @@ def run_demo() -> int:
     # itself, the draft model elsewhere.
     engine = Engine(target, f"prompt-lookup+{draft}", exact=True, dtype="auto", compile_drafter=True,
                     compile_target=True)
+    if governor is not None:
+        engine.follow_free_cores(governor)
     engine.generate(prompt, 16, gamma="auto")  # warm-up: builds the graphs, outside every clock
     steps = engine.target_steps
     baseline = engine if steps is not None and steps.row_buckets[0] == 1 else \

@@ -27,6 +27,7 @@ from quickdraft.logit_adjust import LogitAdjuster
 from quickdraft.randomness import TokenSampler, sampler_for
 from quickdraft.sampling import GREEDY, SamplingParams
 from quickdraft.stats import GenerationStats
+from quickdraft.threads import ThreadGovernor
 from quickdraft.tree import TokenTree, run_tree, tree_attention_mask, tree_rows
 from quickdraft.tree_budget import TreePlan
 from quickdraft.verify import target_probabilities, verify_step, verify_tree
@@ -218,6 +219,7 @@ class Engine:
         self.max_gamma = max_gamma
         self.confidence_stop = confidence_stop
         self.acceptance_memory = AcceptanceMemory()  # this engine's drafter, per kind of request
+        self.thread_governor: ThreadGovernor | None = None  # follow_free_cores
         block = self.target.config.block_size
         if context_length is not None and not 1 < context_length <= block:
             raise ContextLengthError(f"context_length {context_length} must be in 2..{block} (the model's maximum)")
@@ -346,6 +348,20 @@ class Engine:
                 results[id(request)] = event.result
         return [results[id(r)] for r in requests]
 
+    def follow_free_cores(self, governor: ThreadGovernor) -> bool:
+        """Let ``governor`` change torch's thread count between this engine's steps, as other processes
+        come and go (``threads.ThreadGovernor``). Only where the target's forwards run quickdraft's
+        kernels, which give the same bits whatever the thread count (each output column is one
+        thread's): elsewhere a count changing mid-request could change a greedy token, so the count
+        stays. Returns whether the governor was taken."""
+        self.thread_governor = governor if self.model.native is not None else None
+        return self.thread_governor is not None
+
+    def tick_threads(self) -> None:
+        """Between steps: the governor's look at the machine, if it is time for one."""
+        if self.thread_governor is not None:
+            self.thread_governor.tick()
+
     def batch_scheduler(self, max_batch: int | None = None):  # -> quickdraft.batch.scheduler.BatchScheduler
         """The engine's continuous-batching scheduler (one per max_batch, built on first use: it
         preallocates max_batch cache entries and probes batch invariance once)."""
@@ -438,6 +454,7 @@ class Engine:
         generated = 0
         confidence_stop = self.confidence_stop if controller.auto else None
         while generated < max_new_tokens:
+            self.tick_threads()
             step_start = time.perf_counter()
             shape = plan.next_shape() if plan is not None else None
             if shape is not None and drafter is not None and max_new_tokens - generated > 1:

@@ -224,6 +224,7 @@ class BatchScheduler:
         """One scheduler iteration; returns the events it produced (a finished request's last
         event carries its result)."""
         events: list[tuple[BatchRequest, StreamEvent]] = []
+        self.engine.tick_threads()
         with torch.inference_mode():
             self._admit()
             self._prefill_some()
