@@ -106,6 +106,7 @@ def test_concurrent_requests_get_what_the_engine_gives_each_alone(target_dir):
         health = httpx.get(srv.url + "/health").json()
         assert health["running"] == 0
         assert health["kernels"] == process.info.kernels == kernels.loaded_isa()  # the engine process's build
+        assert metric(srv.url, "threads") >= 1  # the engine process's count, sent with its events
     assert not process.process.is_alive(), "the engine process stops with the app"
 
 

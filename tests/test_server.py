@@ -526,6 +526,7 @@ def test_concurrent_greedy_requests_are_batched_and_each_equals_its_output_alone
     assert results == alone
     assert metric(server.url, "running_requests") == 0
     assert "quickdraft_batch_size" in httpx.get(server.url + "/metrics").text
+    assert metric(server.url, "threads") == engine.threads >= 1
 
 
 def test_a_client_that_disconnects_frees_its_batch_slot(target_dir):

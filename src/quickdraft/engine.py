@@ -357,6 +357,11 @@ class Engine:
         self.thread_governor = governor if self.model.native is not None else None
         return self.thread_governor is not None
 
+    @property
+    def threads(self) -> int:
+        """CPU threads this engine's steps run with: its governor's count, else torch's (in this thread)."""
+        return self.thread_governor.threads if self.thread_governor is not None else torch.get_num_threads()
+
     def tick_threads(self) -> None:
         """Between steps: the governor's look at the machine, if it is time for one."""
         if self.thread_governor is not None:

@@ -109,6 +109,7 @@ class ThreadGovernor:
         self._machine, self._own_cpu, self._clock = machine, own_cpu, clock
         self._get_threads, self._set_threads = get_threads, set_threads
         self.changes = 0
+        self.threads = get_threads()  # the count the steps run with, as of the last look
         self._last = self._look()  # (wall s, own CPU s, busy jiffies, total jiffies); None: nothing to read
 
     def _look(self) -> tuple[float, float, int, int] | None:
@@ -139,10 +140,11 @@ class ThreadGovernor:
             return None
         others = self.others_cores(before, now)
         wanted = max(1, min(self.ceiling, available_cores() - _counted_busy(others)))
-        current = self._get_threads()
+        current = self.threads = self._get_threads()
         if wanted == current:
             return None
         self._set_threads(wanted)
+        self.threads = wanted
         self.changes += 1
         log.info("threads %d -> %d: other processes used %.2f cores over the last %.1f s", current, wanted, others,
                  now[0] - before[0])

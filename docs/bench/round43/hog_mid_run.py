@@ -4,7 +4,8 @@ governor follows them afterwards), and decodes the bench's prompts back to back:
 `python -c "while True: pass"` started mid-run, then IDLE seconds after it is killed. Prints each phase's median
 tokens/s and the thread counts the steps ran with.
 
-    .venv/bin/python docs/bench/round43/hog_mid_run.py governor|fixed [IDLE_S] [HOG_S]
+    .venv/bin/python docs/bench/round43/hog_mid_run.py governor|fixed|governor-batch|fixed-batch [IDLE_S] [HOG_S]
+        (-batch: 4 requests at a time through the batch scheduler, as `quickdraft serve` runs them)
     .venv/bin/python docs/bench/round43/hog_mid_run.py idle-ab [ROUNDS]   # no hog: governor on/off alternating in one process
 """
 import collections, statistics, subprocess, sys, time
@@ -23,6 +24,12 @@ counter = [0]
 
 
 def one_request() -> float:
+    if mode.endswith("-batch"):  # tokens/s of 4 requests decoded together, from the first submit to the last token
+        batch = [prompts[(counter[0] + i) % len(prompts)] for i in range(4)]
+        counter[0] += 4
+        start = time.perf_counter()
+        results = engine.generate_batch(batch, 128, gamma="auto", max_batch=4)
+        return sum(len(r.token_ids) for r in results) / (time.perf_counter() - start)
     prompt = prompts[counter[0] % len(prompts)]
     counter[0] += 1
     return engine.generate(prompt, 128, gamma="auto").stats.tokens_per_s
@@ -52,7 +59,7 @@ if mode == "idle-ab":
     print(f"median on/off {statistics.median(ratios):.3f} (threads now {torch.get_num_threads()})")
     sys.exit()
 
-if mode == "governor":
+if mode.startswith("governor"):
     assert governor is not None and engine.follow_free_cores(governor), "no governor here"
 idle_s = float(sys.argv[2]) if len(sys.argv) > 2 else 6
 hog_s = float(sys.argv[3]) if len(sys.argv) > 3 else 10

@@ -235,6 +235,7 @@ def create_app(
     metrics.gauge("running_requests", lambda: worker.running)
     metrics.gauge("batch_size", lambda: worker.batch_size)
     metrics.gauge("step_gamma", lambda: worker.step_gamma)
+    metrics.gauge("threads", lambda: worker.threads)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

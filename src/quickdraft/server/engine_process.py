@@ -67,6 +67,7 @@ class EngineInfo:
     max_gamma: int
     drafter: DrafterInfo | None
     kernels: str | None = None  # the kernel build the engine's process loaded (kernels.loaded_isa)
+    threads: int = 0  # CPU threads its steps ran with when it started
 
     @classmethod
     def of(cls, engine: Engine) -> EngineInfo:
@@ -74,7 +75,7 @@ class EngineInfo:
 
         drafter = DrafterInfo(engine.drafter.name) if engine.drafter is not None else None
         return cls(engine.tokenizer, engine.vocab_limit, engine.context_length, engine.max_gamma, drafter,
-                   kernels.loaded_isa())
+                   kernels.loaded_isa(), engine.threads)
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         return encode_prompt(self.tokenizer, self.vocab_limit, prompt)
@@ -151,7 +152,7 @@ class _Outbox:
         items = [(job_id, item, reason) for job_id, (item, reason) in self.items.items()]
         self.items, self.urgent, self.last_sent = {}, False, time.monotonic()
         worker = self.worker
-        gauges = (worker.batch_size, worker.step_gamma) if worker is not None else (0, 0)
+        gauges = (worker.batch_size, worker.step_gamma, worker.threads) if worker is not None else (0, 0, 0)
         try:
             self.conn.send(("events", items, gauges))
         except (BrokenPipeError, OSError):  # the HTTP process is gone; the receiver stops the worker
@@ -293,7 +294,8 @@ class ProcessWorker:
         self._slots = threading.Semaphore(process.max_batch)
         self._jobs: dict[int, GenerationJob] = {}
         self._ids = itertools.count()
-        self._gauges = (0, 0)  # the engine's batch size and step γ, when it last sent events
+        # the engine's batch size, step γ and threads, when it last sent events
+        self._gauges = (0, 0, process.info.threads)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lost = False
@@ -303,6 +305,7 @@ class ProcessWorker:
     running = property(lambda self: len(self._jobs))
     batch_size = property(lambda self: self._gauges[0])
     step_gamma = property(lambda self: self._gauges[1])
+    threads = property(lambda self: self._gauges[2])
 
     @property
     def alive(self) -> bool:

@@ -32,6 +32,7 @@ HELP = {
     "running_requests": ("gauge", "Requests the engine is generating for."),
     "batch_size": ("gauge", "Sequences in the last batched step."),
     "step_gamma": ("gauge", "Draft length the last batched step chose for its auto-γ sequences (0: plain)."),
+    "threads": ("gauge", "CPU threads the engine's steps run with (without --threads: the cores other processes leave free)."),
     # Ray Serve deployments only (server/ray_serve.py): the router's own series.
     "replicas": ("gauge", "Engine replicas by Ray Serve state."),
     "requests_retried_total": ("counter", "Requests sent to another replica because theirs died before answering."),

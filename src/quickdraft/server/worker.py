@@ -154,6 +154,11 @@ class EngineWorker:
         return self.scheduler.last_gamma if self.scheduler is not None else 0
 
     @property
+    def threads(self) -> int:
+        """CPU threads the engine's steps run with."""
+        return self.engine.threads
+
+    @property
     def alive(self) -> bool:
         """Whether the engine thread is running (it starts with the app, or with the first request)."""
         return self._thread is not None and self._thread.is_alive()
