@@ -116,6 +116,7 @@ def run_demo() -> int:
     print()
     print(greedy.line("greedy ", "plain greedy decoding"))
     print(sample.line("sampled", "plain sampling with the same seed"))
-    print(f"({dtype_name(engine.model.dtype)}, exact mode, prompt lookup then the draft model; speeds are medians of {ROUNDS + 1} speculative and {ROUNDS} "
-          f"plain runs, alternating)")
+    threads = f"{engine.threads} thread{'s' if engine.threads > 1 else ''}"
+    print(f"({dtype_name(engine.model.dtype)}, exact mode, {threads}, prompt lookup then the draft model; speeds are medians "
+          f"of {ROUNDS + 1} speculative and {ROUNDS} plain runs, alternating)")
     return 0
