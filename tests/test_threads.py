@@ -56,8 +56,8 @@ def test_default_threads_leaves_busy_cores_alone(monkeypatch):
 
 
 class FakeMachine:
-    """Scripted readings for a governor: each look advances the clock by ``step_s`` and adds the
-    given cores of others' use and of this process's own to the machine's busy jiffies."""
+    """Scripted readings for a governor: each ``advance`` moves the clock on by ``step_s`` and adds
+    the given cores of others' use and of this process's own to the machine's busy jiffies."""
 
     def __init__(self, cores: int = 2, step_s: float = 1.0) -> None:
         self.cores, self.step_s = cores, step_s

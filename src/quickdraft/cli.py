@@ -158,8 +158,7 @@ def build_engine(args: argparse.Namespace):
                     full_draft_head=bool(getattr(args, "full_draft_head", False)),
                     quantized_draft=bool(getattr(args, "quantized_draft", True)),
                     target_bits=getattr(args, "target_bits", None))
-    if governor is not None:
-        engine.follow_free_cores(governor)
+    engine.follow_free_cores(governor)
     return engine
 
 

@@ -103,8 +103,7 @@ def run_demo() -> int:
     # itself, the draft model elsewhere.
     engine = Engine(target, f"prompt-lookup+{draft}", exact=True, dtype="auto", compile_drafter=True,
                     compile_target=True)
-    if governor is not None:
-        engine.follow_free_cores(governor)
+    engine.follow_free_cores(governor)
     engine.generate(prompt, 16, gamma="auto")  # warm-up: builds the graphs, outside every clock
     steps = engine.target_steps
     baseline = engine if steps is not None and steps.row_buckets[0] == 1 else \

@@ -348,12 +348,12 @@ class Engine:
                 results[id(request)] = event.result
         return [results[id(r)] for r in requests]
 
-    def follow_free_cores(self, governor: ThreadGovernor) -> bool:
+    def follow_free_cores(self, governor: ThreadGovernor | None) -> bool:
         """Let ``governor`` change torch's thread count between this engine's steps, as other processes
-        come and go (``threads.ThreadGovernor``). Only where the target's forwards run quickdraft's
-        kernels, which give the same bits whatever the thread count (each output column is one
-        thread's): elsewhere a count changing mid-request could change a greedy token, so the count
-        stays. Returns whether the governor was taken."""
+        come and go (``threads.ThreadGovernor``; None: the count stays as set, e.g. by ``--threads``).
+        Only where the target's forwards run quickdraft's kernels, which give the same bits whatever
+        the thread count (each output column is one thread's): elsewhere a count changing mid-request
+        could change a greedy token, so the count stays. Returns whether a governor was taken."""
         self.thread_governor = governor if self.model.native is not None else None
         return self.thread_governor is not None
 

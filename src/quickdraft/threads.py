@@ -50,9 +50,19 @@ def _cpu_times(stat: Path) -> tuple[int, int]:
     return total - idle, total
 
 
+def _used_cores(busy: int, total: int) -> float:
+    """Cores in use over a window in which ``busy`` of all CPUs' ``total`` jiffies were busy."""
+    return busy / total * available_cores()
+
+
 def _counted_busy(used_cores: float) -> int:
     """Cores counted busy for ``used_cores`` of others' use (see BUSY_SHARE)."""
     return max(0, int(used_cores + 1 - BUSY_SHARE))
+
+
+def _free_threads(ceiling: int, busy: int) -> int:
+    """The rule for the count: ``ceiling``, capped by the cores not counted busy, at least 1."""
+    return max(1, min(ceiling, available_cores() - busy))
 
 
 def busy_cores(stat: Path = PROC_STAT, window_s: float = WINDOW_S) -> int | None:
@@ -66,8 +76,7 @@ def busy_cores(stat: Path = PROC_STAT, window_s: float = WINDOW_S) -> int | None
         return None
     if total1 <= total0:
         return 0
-    used = (busy1 - busy0) / (total1 - total0) * available_cores()  # in cores
-    return _counted_busy(used)
+    return _counted_busy(_used_cores(busy1 - busy0, total1 - total0))
 
 
 def default_threads(torch_default: int) -> int:
@@ -75,7 +84,7 @@ def default_threads(torch_default: int) -> int:
     busy = busy_cores()
     if busy is None:
         return torch_default
-    return max(1, min(torch_default, available_cores() - busy))
+    return _free_threads(torch_default, busy)
 
 
 def _torch_threads() -> int:
@@ -126,7 +135,7 @@ class ThreadGovernor:
         busy, total = after[2] - before[2], after[3] - before[3]
         if wall <= 0 or total <= 0:
             return 0.0
-        return max(0.0, busy / total * available_cores() - own / wall)
+        return max(0.0, _used_cores(busy, total) - own / wall)
 
     def tick(self) -> int | None:
         """Look again if ``interval_s`` has passed; returns the new thread count when it changed it."""
@@ -139,7 +148,7 @@ class ThreadGovernor:
         if now[0] - before[0] > STALE_LOOKS * self.interval_s:  # steps paused (an idle server): a fresh start
             return None
         others = self.others_cores(before, now)
-        wanted = max(1, min(self.ceiling, available_cores() - _counted_busy(others)))
+        wanted = _free_threads(self.ceiling, _counted_busy(others))
         current = self.threads = self._get_threads()
         if wanted == current:
             return None
