@@ -105,6 +105,21 @@ def perturbed_copy(source: Path, out_dir: Path, noise: float, seed: int) -> Path
     return out_dir
 
 
+@pytest.fixture
+def every_call_shared():
+    """The kernels share every product and attention among the threads, however small (their
+    default keeps small ones on one thread): what a test of thread counts needs to exercise."""
+    from quickdraft import kernels
+
+    if not kernels.available():
+        yield
+        return
+    least = kernels.min_task_work()
+    kernels.set_min_task_work(0)
+    yield
+    kernels.set_min_task_work(least)
+
+
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("checkpoints")

@@ -67,7 +67,7 @@ def test_linear_matches_reference_and_rows_are_invariant(n_out: int, k: int, bia
             assert torch.equal(kernels.linear_bf16(x[start:start + rows], packed, b, n_out), y[start:start + rows])
 
 
-def test_linear_keeps_leading_dimensions_and_threads_do_not_change_bits() -> None:
+def test_linear_keeps_leading_dimensions_and_threads_do_not_change_bits(every_call_shared) -> None:
     weight, x = _bf16(130, 64, seed=3), _bf16(2, 5, 64, seed=4)
     packed = kernels.pack_bf16(weight)
     threads = torch.get_num_threads()
@@ -79,6 +79,33 @@ def test_linear_keeps_leading_dimensions_and_threads_do_not_change_bits() -> Non
     finally:
         torch.set_num_threads(threads)
     assert one.shape == (2, 5, 130) and torch.equal(one, two)
+
+
+def test_the_least_work_a_thread_takes_does_not_change_bits() -> None:
+    """Whether a product or an attention is shared between threads or kept on one (``set_min_task_work``:
+    always shared, the default, never shared) changes which thread computes a column or a head, never its bits."""
+    weight = _bf16(1000, 384, seed=5)
+    packs = [kernels.pack_bf16(weight)] + ([kernels.pack_int8(weight)] if kernels.int8_products() else [])
+    x = _bf16(17, 384, seed=6)
+    attention = _attention_case(2, 6, 2, 5, 64, 300, seed=11)
+    threads, least = torch.get_num_threads(), kernels.min_task_work()
+
+    def outputs() -> list[torch.Tensor]:
+        products = [kernels.linear_bf16(x[:rows], packed, None, 1000) for packed in packs for rows in (1, 6, 17)]
+        return products + [kernels.attend_bf16(*attention), kernels.attend_bf16(*(t[:1] for t in attention))]
+
+    try:
+        torch.set_num_threads(2)
+        by_least_work = {}
+        for work in (0, least, 1 << 40):
+            kernels.set_min_task_work(work)
+            by_least_work[work] = outputs()
+    finally:
+        kernels.set_min_task_work(least)
+        torch.set_num_threads(threads)
+    shared = by_least_work[0]
+    for work, got in by_least_work.items():
+        assert all(torch.equal(a, b) for a, b in zip(got, shared, strict=True)), work
 
 
 def test_pack_refuses_what_the_kernel_cannot_take() -> None:

@@ -177,7 +177,8 @@ def switching_governor(monkeypatch) -> threads.ThreadGovernor:
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_threads_changing_between_steps_leave_every_output_unchanged(checkpoints, monkeypatch, dtype):
+def test_threads_changing_between_steps_leave_every_output_unchanged(checkpoints, monkeypatch, dtype,
+                                                                   every_call_shared):
     """The governor's premise: the native forwards' bits do not depend on the thread count, so greedy
     and seeded outputs stay the same while it switches between 1 and 2 threads at every step, in the
     lone loop and in the batch."""

@@ -309,6 +309,16 @@ def int8_products() -> bool:
     return available() and bool(torch.ops.quickdraft.int8_products())
 
 
+def set_min_task_work(work: int) -> None:
+    """The least work a thread takes in a product or attention (bytes read times rows): below twice
+    it, the call runs on the calling thread alone. Bits do not depend on it."""
+    torch.ops.quickdraft.set_min_task_work(work)
+
+
+def min_task_work() -> int:
+    return int(torch.ops.quickdraft.min_task_work())
+
+
 def linear_bf16(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n_out: int) -> torch.Tensor:
     """x [..., K] bf16 @ Wᵀ (+ bias) -> [..., n_out] bf16, W packed by ``pack_bf16`` (or by ``pack_int8``:
     the rows quantised to 8 bits too, the int8 product of a draft's whole forward)."""
