@@ -439,6 +439,20 @@ def test_a_sweep_report_names_a_server_whose_engine_loaded_another_build():
         "none (torch products) in batched speculative.")
 
 
+def test_a_load_report_gives_the_servers_thread_count_or_its_range_when_it_moved():
+    from dataclasses import replace
+
+    from quickdraft.bench.load import LoadReport, sweep_table
+
+    report = LoadReport("m", False, None, 4, 15.0, 32, 10, 0, 0, {}, None, None, None, None, 320, 15.0, 21.3, None,
+                        None, None, config="batched plain", server_threads=(2, 2, 2))
+    assert report.lines()[-1].endswith("threads: 2")
+    moved = replace(report, server_threads=(1, 2, 2), sweep_round=1)
+    assert moved.lines()[-1].endswith("threads: 1–2 (median 2)")
+    row = next(line for line in sweep_table([report, moved]) if line.startswith("| 4 |"))
+    assert row.split(" | ")[9] == "1–2 (median 2) |"
+
+
 def test_a_sweep_of_several_rounds_reports_medians_and_the_median_of_each_rounds_ratio():
     from dataclasses import replace
 
@@ -456,6 +470,7 @@ def test_a_sweep_of_several_rounds_reports_medians_and_the_median_of_each_rounds
     rows = {line.split(" | ")[1]: line for line in sweep_table(reports) if line.startswith("| 4 |")}
     speculative = rows["batched speculative"].split(" | ")
     assert speculative[2] == "240.0 (150–300)"
+    assert speculative[9] == "n/a |"  # no thread counts seen
     assert speculative[7] == "3.00× (3.00–6.00)"  # per round: 3, 3, 6
     assert speculative[8].startswith("1.50× (1.50–1.50)")
     assert rows["batched plain"].split(" | ")[6] == "3"  # failures summed over the rounds

@@ -81,6 +81,7 @@ class LoadReport:
     machine: dict[str, Any] = field(default_factory=dict)
     server_kernels: str | None = None  # the kernel build the server's engine loaded (its /health)
     sweep_round: int = 0  # a sweep's round: each round runs every configuration once, one after another
+    server_threads: tuple[int, int, int] | None = None  # its quickdraft_threads gauge once a second: min, median, max
 
     def lines(self) -> list[str]:
         mib = lambda b: "n/a" if b is None else f"{b / 2**20:.0f} MiB"  # noqa: E731
@@ -101,8 +102,17 @@ class LoadReport:
             f"forward",
             f"server RSS: {mib(self.server_rss_after_warmup_bytes)} after warm-up, {mib(self.server_rss_end_bytes)} "
             f"at the end, peak {mib(self.server_peak_rss_bytes)}",
-            f"server's engine kernels: {self.server_kernels or 'none (torch products)'}",
+            f"server's engine kernels: {self.server_kernels or 'none (torch products)'}; threads: "
+            f"{threads_range(self.server_threads)}",
         ] + ([f"errors: {self.errors}"] if self.errors else [])
+
+
+def threads_range(seen: tuple[int, int, int] | None) -> str:
+    """The server's thread count over a run: one figure where it held, else its range and median."""
+    if seen is None:
+        return "n/a"
+    low, median, high = seen
+    return str(low) if low == high else f"{low}–{high} (median {median})"
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -400,11 +410,15 @@ def run_load(clients: int = 32, duration_s: float = 60.0, max_tokens: int = 32, 
                 return await _drive(routed, clients, duration_s, drain_timeout_s)
 
             samples: list[int] = []  # the server's RSS, once a second
+            threads_seen: list[int] = []  # and its engine's thread count (the governor moves it with the free cores)
 
             async def with_rss() -> tuple[list[RequestRecord], int, float]:
                 task = asyncio.create_task(main())
                 while not task.done():
                     samples.append(server.rss() or 0)
+                    threads = (await asyncio.to_thread(server.counters)).get("threads")
+                    if threads is not None:
+                        threads_seen.append(int(threads))
                     await asyncio.wait([task], timeout=1.0)
                 return task.result()
 
@@ -431,6 +445,8 @@ def run_load(clients: int = 32, duration_s: float = 60.0, max_tokens: int = 32, 
         wall_s=wall, tokens_per_s=tokens / wall if wall > 0 else 0.0, server_rss_after_warmup_bytes=rss_warm,
         server_rss_end_bytes=rss_end, server_peak_rss_bytes=peak, machine=_machine(), config=config,
         server_kernels=server_kernels,
+        server_threads=(min(threads_seen), int(statistics.median_low(threads_seen)), max(threads_seen))
+        if threads_seen else None,
         acceptance_rate=(counters.get("num_accepted_tokens_total", 0) / counters["num_draft_tokens_total"]
                          if counters.get("num_draft_tokens_total") else None),
         mean_accepted_length=(counters.get("generation_tokens_total", 0) / counters["num_target_calls_total"]
@@ -574,7 +590,7 @@ def sweep_table(reports: list[LoadReport]) -> list[str]:
         runs.setdefault((r.config, r.clients), []).append(r)
     rounds = max(len(v) for v in runs.values())
     lines = ["| clients | configuration | tokens/s | per request tokens/s | TTFT p50 | TTFT p99 | failed | "
-             "vs one at a time | speculative vs plain |", "|---|---|---|---|---|---|---|---|---|"]
+             "vs one at a time | speculative vs plain | server threads |", "|---|---|---|---|---|---|---|---|---|---|"]
 
     def ratio(values: list[float]) -> str:
         if not values:
@@ -591,8 +607,12 @@ def sweep_table(reports: list[LoadReport]) -> list[str]:
         vs_one = ratio(_round_ratios(reports, config, "one at a time", clients)) if config != "one at a time" else "1.00×"
         plain = PLAIN_OF.get(config)
         vs_plain = ratio(_round_ratios(reports, config, plain, clients)) if plain else ""
+        seen = [r.server_threads for r in group if r.server_threads is not None]
+        threads = threads_range((min(t[0] for t in seen), int(statistics.median_low(t[1] for t in seen)),
+                                 max(t[2] for t in seen)) if seen else None)
         lines.append(f"| {clients} | {config} | {rate} | {per_request:.1f} | {ttft(middle.ttft_p50_s)} | "
-                     f"{ttft(middle.ttft_p99_s)} | {sum(r.failed for r in group)} | {vs_one} | {vs_plain} |")
+                     f"{ttft(middle.ttft_p99_s)} | {sum(r.failed for r in group)} | {vs_one} | {vs_plain} | "
+                     f"{threads} |")
     if rounds > 1:
         lines.append(f"\nMedians over {rounds} rounds (range in brackets); each ratio is the median of the ratios "
                      "within a round.")
