@@ -312,10 +312,14 @@ def int8_products() -> bool:
 def set_min_task_work(work: int) -> None:
     """The least work a thread takes in a product or attention (bytes read times rows): below twice
     it, the call runs on the calling thread alone. Bits do not depend on it."""
+    if not available():
+        raise RuntimeError("quickdraft's CPU kernels are not available on this machine")
     torch.ops.quickdraft.set_min_task_work(work)
 
 
 def min_task_work() -> int:
+    if not available():
+        raise RuntimeError("quickdraft's CPU kernels are not available on this machine")
     return int(torch.ops.quickdraft.min_task_work())
 
 
