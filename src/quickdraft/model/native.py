@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from quickdraft import kernels
+from quickdraft.huge_pages import on_huge_pages
 from quickdraft.model.kv_cache import KVCache
 
 if TYPE_CHECKING:
@@ -54,8 +55,13 @@ class NativeForward:
         self.model = model
         self.layer_bits = layer_bits
 
+        quantized: list[torch.Tensor] = []  # made here, not the modules' packed buffers
+
         def product(layer: torch.nn.Linear, bits: int | None = layer_bits) -> torch.Tensor | None:
-            return packed(layer) if bits is None else packed_quantized(layer, bits)
+            weight = packed(layer) if bits is None else packed_quantized(layer, bits)
+            if weight is not None and weight is not packed(layer):
+                quantized.append(weight)
+            return weight
 
         head_bits = None if layer_bits is None else 8
         c = model.config
@@ -71,7 +77,8 @@ class NativeForward:
         token_proj = getattr(model, "fuse_token", None)  # a feature draft's W_token, not folded into its table
         if token_proj is not None:
             weights.append(product(token_proj, head_bits))
-        self.weights = weights
+        moved = dict(zip(map(id, quantized), on_huge_pages(quantized), strict=True))
+        self.weights = [moved.get(id(weight), weight) for weight in weights]
         self.shape = (c.n_head, c.n_kv_head, c.head_dim, c.intermediate_size, model.lm_head.out_features)
         self.eps = c.norm_eps
         self._head_limits: tuple[torch.Tensor | None, dict[int, int]] = (None, {})  # see _head_rows_below

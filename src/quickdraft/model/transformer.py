@@ -19,6 +19,7 @@ from torch import nn
 
 from quickdraft import kernels
 from quickdraft.errors import QuickdraftError
+from quickdraft.huge_pages import on_huge_pages
 from quickdraft.model.config import ModelConfig
 from quickdraft.model.kv_cache import KVCache
 from quickdraft.model.native import NATIVE_MAX_ROWS, NativeForward, packed as packed_weight
@@ -594,12 +595,16 @@ class Transformer(nn.Module):
         if packed_weight(self.lm_head) is None and not _room_for_packed_copy(self):
             return False
         name, pack = ("packed_bf16", kernels.pack_bf16) if bf16 else ("packed_f32", kernels.pack_f32)
+        packed_now: list[nn.Module] = []
         for module in self.modules():
             if (isinstance(module, nn.Linear) and name not in module._buffers
                     and (not bf16 or module.in_features % 2 == 0)):
                 module.register_buffer(name, pack(module.weight), persistent=False)
+                packed_now.append(module)
             if bf16 and isinstance(module, (Attention, RMSNorm)):
                 module.kernel = True  # the per-op kernels, for forwards the whole forward does not take
+        for module, weight in zip(packed_now, on_huge_pages([m._buffers[name] for m in packed_now]), strict=True):
+            module._buffers[name] = weight
         if self.native is None and NativeForward.supports(self):
             self.native = NativeForward(self)
         return True
