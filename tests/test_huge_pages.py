@@ -48,6 +48,13 @@ def test_copies_on_huge_pages_hold_the_same_bytes_side_by_side_on_cache_lines():
     assert huge_pages.huge_page_bytes(copies[0]) >= huge_pages.HUGE_PAGE
 
 
+def test_quickdraft_huge_pages_0_refuses_them(monkeypatch):
+    monkeypatch.setenv("QUICKDRAFT_HUGE_PAGES", "0")
+    assert not huge_pages.huge_pages_available()
+    originals = _tensors()
+    assert all(a is b for a, b in zip(huge_pages.on_huge_pages(originals), originals, strict=True))
+
+
 def test_tensors_too_small_to_gain_stay_where_they_are():
     small = [torch.zeros(100, 100), torch.ones(7, dtype=torch.int8)]
     assert all(a is b for a, b in zip(huge_pages.on_huge_pages(small), small, strict=True))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import mmap
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -38,6 +39,10 @@ def transparent_huge_pages() -> str | None:
 
 
 def huge_pages_available() -> bool:
+    """Whether packed weights go on huge pages: offered by the kernel, and not refused with
+    ``QUICKDRAFT_HUGE_PAGES=0``."""
+    if os.environ.get("QUICKDRAFT_HUGE_PAGES", "1") == "0":
+        return False
     return transparent_huge_pages() in ("always", "madvise") and hasattr(mmap, "MADV_HUGEPAGE")
 
 
