@@ -1,7 +1,8 @@
-"""Round 44 (run before the least-work change, on 663e495^). Does the draft's native work on one thread (target on two) change the demo's speeds? Arms alternate in one process."""
+"""Round 44 (run before the least-work change, on 663e495^). Does the draft's native work on one thread (target on two)
+change the demo's speeds? Arms alternate in one process.
 
     .venv/bin/python docs/bench/round44/draft_one_thread_ab.py REPS   (three processes ran 3 reps each)
-
+"""
 import sys, statistics, torch, time
 torch.set_num_threads(2)
 from quickdraft.assets import default_draft_path, default_target_path
