@@ -50,6 +50,22 @@ def test_calibration_picks_the_argmax_and_the_key_depends_on_the_dtype(checkpoin
     assert calibrate_exit_layer(fp32, measure=lambda m, layer, p: 1 / 0).layer == 2  # cached, not re-measured
 
 
+def test_another_build_of_the_kernels_calibrates_again(checkpoints, tmp_path, monkeypatch):
+    """A layer measured on one build of the kernels is not taken for another: its drafts cost otherwise."""
+    monkeypatch.setenv("QUICKDRAFT_CACHE_DIR", str(tmp_path))
+    import quickdraft.calibrate as calibrate
+    from quickdraft import kernels
+
+    monkeypatch.setattr(calibrate, "candidate_layers", lambda n, trained=None: [1, 2])
+    target = load_model(checkpoints["target"])
+    monkeypatch.setattr(kernels, "build_id", lambda: "one-build")
+    assert calibrate_exit_layer(target, measure=lambda m, layer, p: {1: 10.0, 2: 30.0}[layer]).layer == 2
+    assert calibrate_exit_layer(target, measure=lambda m, layer, p: 1 / 0).cached
+    monkeypatch.setattr(kernels, "build_id", lambda: "another-build")
+    again = calibrate_exit_layer(target, measure=lambda m, layer, p: {1: 40.0, 2: 30.0}[layer])
+    assert (again.layer, again.cached) == (1, False)
+
+
 def test_each_early_exit_form_is_calibrated_apart(checkpoints, tmp_path, monkeypatch):
     """The int8 draft-model form drafts at another cost than the shared-cache one: a layer measured for
     one is not taken for the other."""

@@ -5,7 +5,7 @@ nearly a target step. Which L is fastest depends on the model *and* the machine,
 measured: a short speculative generation per candidate L on a few prompts (tokens per CPU-second
 of this process, the median of two rounds), the fastest wins. The choice is cached in
 ``$QUICKDRAFT_CACHE_DIR`` (default ``~/.cache/quickdraft``) under a key made of the model's
-config and weight files, the dtype, the device and the thread count.
+config and weight files, the dtype, the device, the thread count and the kernels' build.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from quickdraft import kernels
 from quickdraft.model.loader import LoadedModel
 from quickdraft.user_cache import cache_dir, read_json, write_json
 
@@ -56,6 +57,8 @@ def model_fingerprint(target: LoadedModel) -> str:
         digest.update(f"{weights.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     device = target.model.device
     digest.update(f"{target.model.dtype}|{device}|threads={torch.get_num_threads()}".encode())
+    # what the drafts and verifies run on: another build of the kernels drafts at another cost
+    digest.update(f"|kernels={kernels.build_id() if device.type == 'cpu' else None}".encode())
     return digest.hexdigest()[:32]
 
 
