@@ -55,6 +55,17 @@ def test_quickdraft_huge_pages_0_refuses_them(monkeypatch):
     assert all(a is b for a, b in zip(huge_pages.on_huge_pages(originals), originals, strict=True))
 
 
+@needs_huge_pages
+def test_a_mapping_that_fails_leaves_the_tensors_where_they_are(monkeypatch, caplog):
+    def refuse(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(huge_pages.mmap, "mmap", refuse)
+    originals = _tensors()
+    assert all(a is b for a, b in zip(huge_pages.on_huge_pages(originals), originals, strict=True))
+    assert "stay on small pages" in caplog.text
+
+
 def test_tensors_too_small_to_gain_stay_where_they_are():
     small = [torch.zeros(100, 100), torch.ones(7, dtype=torch.int8)]
     assert all(a is b for a, b in zip(huge_pages.on_huge_pages(small), small, strict=True))
