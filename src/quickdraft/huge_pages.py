@@ -56,17 +56,18 @@ def on_huge_pages(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return list(tensors)
     if any(t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
         raise ValueError("on_huge_pages takes contiguous CPU tensors")
+    spans = [-(-size // ALIGN) * ALIGN for size in sizes]  # each size up to whole cache lines
     try:
-        memory, start = _advised_mapping(sum(-(-size // ALIGN) * ALIGN for size in sizes))
+        memory, start = _advised_mapping(sum(spans))
     except OSError as error:  # no address space or memory for the mapping: torch's pages serve as before
         log.warning("packed weights stay on small pages: mapping %d bytes failed (%s)", sum(sizes), error)
         return list(tensors)
     copies, offset = [], start
-    for tensor, size in zip(tensors, sizes, strict=True):
+    for tensor, size, span in zip(tensors, sizes, spans, strict=True):
         copy = memory[offset:offset + size].view(tensor.dtype).view(tensor.shape)
         copy.copy_(tensor)
         copies.append(copy)
-        offset += -(-size // ALIGN) * ALIGN
+        offset += span
     return copies
 
 

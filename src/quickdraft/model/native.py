@@ -58,8 +58,10 @@ class NativeForward:
         quantized: list[torch.Tensor] = []  # made here, not the modules' packed buffers
 
         def product(layer: torch.nn.Linear, bits: int | None = layer_bits) -> torch.Tensor | None:
-            weight = packed(layer) if bits is None else packed_quantized(layer, bits)
-            if weight is not None and weight is not packed(layer):
+            if bits is None:
+                return packed(layer)
+            weight = packed_quantized(layer, bits)
+            if weight is not packed(layer):  # its packed copy where the input size is not a multiple of 4
                 quantized.append(weight)
             return weight
 
