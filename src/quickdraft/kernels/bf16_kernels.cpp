@@ -237,6 +237,13 @@ constexpr int64_t kLanes = Simd::kLanes;
 // ---- weight products ------------------------------------------------------------------------
 #if defined(__AVX512BF16__)
 constexpr int64_t kTileRows = 6;  // 6 rows x 4 accumulators + 4 weight registers + 1 broadcast <= 32 zmm
+// A tile of several rows spends as long on a line's dot products (24 for 6 rows) as memory takes to
+// bring it: left to the hardware prefetcher, the two did not overlap well. Each step of such a tile
+// prefetches the line 32 pairs (8 KB) ahead, a fixed distance that runs on into the next block.
+// Measured on the embedded target (Zen 4, 1 thread, 5 processes alternating, medians): 4-, 6- and
+// 8-row forwards 8-9% faster (a 6-row verify 1,094 -> 1,004 us), 1 row level; 48 pairs the same. A
+// lone row is memory-bound and prefetching did not move it. The bits are the same: only loads move.
+constexpr int64_t kPrefetchPairs = 32;
 
 template <int Rows>
 void tile(const uint32_t* x, int64_t x_stride, const __m512i* weights, int64_t pairs, const float* bias,
@@ -246,6 +253,10 @@ void tile(const uint32_t* x, int64_t x_stride, const __m512i* weights, int64_t p
     for (int c = 0; c < 4; ++c) acc[r * 4 + c] = _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
     const __m512i* line = weights + 4 * p;
+    if constexpr (Rows >= 2) {  // the line kPrefetchPairs ahead, into L1 (past the weights' end: harmless)
+      const char* ahead = reinterpret_cast<const char*>(line + 4 * kPrefetchPairs);
+      for (int b = 0; b < 256; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+    }
     const __m512bh w0 = (__m512bh)_mm512_loadu_si512(line);
     const __m512bh w1 = (__m512bh)_mm512_loadu_si512(line + 1);
     const __m512bh w2 = (__m512bh)_mm512_loadu_si512(line + 2);
