@@ -666,7 +666,7 @@ inline void check_packed_for(const float*, const at::Tensor& packed, int64_t k, 
 // column, each line's four 64-byte vectors folded into two, byte j of the first holding vector 0's
 // level + 8 in its low nibble and vector 1's in its high one (the second likewise vectors 2 and 3).
 // The tile multiplies by the stored nibbles and takes the 8 back out of each row's sums once: the
-// same integer sums as int8's, without a subtraction per weight vector (int4 products 9-14% faster
+// same integer sums as int8's, without a subtraction per weight vector (int4 products 8-13% faster
 // at 1 row, Zen 4).
 constexpr int64_t kInt8Line = 4 * kBlockColumns;
 constexpr int64_t kInt4Line = 2 * kBlockColumns;
