@@ -278,16 +278,25 @@ void tile(const uint32_t* x, int64_t x_stride, const __m512i* weights, int64_t p
 }
 
 using Tile = void (*)(const uint32_t*, int64_t, const __m512i*, int64_t, const float*, at::BFloat16*, int64_t, int64_t);
-constexpr Tile kTiles[kTileRows + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
+constexpr Tile kTiles[kTileRows + 2] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>, tile<7>};
 
-// The rows of the tile that starts at row r of m: up to kTileRows, except that the last seven go as
-// 4 + 3, never 6 + 1. A lone row's tile keeps 4 accumulators, fewer than the dot product's latency
+// The rows of the int8 tile that starts at row r of m (bf16_tile_rows below for bf16): up to kTileRows,
+// except that the last seven go as 4 + 3, never 6 + 1. A lone row's tile keeps 4 accumulators, fewer than the dot product's latency
 // in cycles, so its pass over the block costs 6 cycles a pair where 4 + 3 rows pay 4 for the row
 // (embedded target, Zen 4: a 7-row step cost 2.1x a 1-row one against 1.66x for 6 rows). Every row
 // is the same instructions in any tile: its bits do not change.
 inline int64_t tile_rows(int64_t r, int64_t m) {
   const int64_t left = m - r;
   return left == kTileRows + 1 ? (left + 1) / 2 : std::min(kTileRows, left);
+}
+
+// The bf16 products' rows: the last seven in one tile. 7 x 4 accumulators and 4 weight registers fill
+// the 32 (GCC 12 keeps one accumulator on the stack), and the weights are read once where 4 + 3 rows
+// read them twice, the second time from L2: a 7-row step of the embedded target cost 1,340-1,420 us
+// as 4 + 3 and 1,120-1,280 as one tile, against ~1,000 for 6 rows (Zen 4, 1 thread). A 7-row verify
+// (6 drafts) then costs its rows' arithmetic, not a second pass. The bits are the same in any tile.
+inline int64_t bf16_tile_rows(int64_t r, int64_t m) {
+  return m - r == kTileRows + 1 ? kTileRows + 1 : std::min(kTileRows, m - r);
 }
 
 #if defined(__AMX_BF16__)
@@ -420,7 +429,7 @@ void linear_rows(const at::BFloat16* x, int64_t m, const at::Tensor& packed, con
       const int64_t columns = std::min(kBlockColumns, n_out - first);
       const __m512i* w = ws + block * pairs * 4;
       for (int64_t r = 0, n = 0; r < m; r += n) {
-        n = tile_rows(r, m);
+        n = bf16_tile_rows(r, m);
         kTiles[n](xs + r * pairs, pairs, w, pairs, bias ? bias + first : nullptr, y + r * n_out + first, n_out, columns);
       }
     }
