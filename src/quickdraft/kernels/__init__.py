@@ -309,17 +309,20 @@ def int8_products() -> bool:
     return available() and bool(torch.ops.quickdraft.int8_products())
 
 
+def _require_kernels() -> None:
+    if not available():
+        raise RuntimeError("quickdraft's CPU kernels are not available on this machine")
+
+
 def set_min_task_work(work: int) -> None:
     """The least work a thread takes in a product or attention (bytes read times rows): below twice
     it, the call runs on the calling thread alone. Bits do not depend on it."""
-    if not available():
-        raise RuntimeError("quickdraft's CPU kernels are not available on this machine")
+    _require_kernels()
     torch.ops.quickdraft.set_min_task_work(work)
 
 
 def min_task_work() -> int:
-    if not available():
-        raise RuntimeError("quickdraft's CPU kernels are not available on this machine")
+    _require_kernels()
     return int(torch.ops.quickdraft.min_task_work())
 
 
