@@ -3,10 +3,9 @@
 without the server. Optional argument: a kernels .so to load instead of this checkout's build."""
 import sys, time, torch, statistics
 from pathlib import Path
-from quickdraft import kernels
+from bench_common import use_kernels
 if len(sys.argv) > 1:
-    kernels._built_library = lambda *a, so=sys.argv[1]: Path(so)
-assert kernels.available()
+    use_kernels(sys.argv[1])
 from quickdraft.assets import default_target_path
 from quickdraft.bench.load import TEXT_PROMPTS
 from quickdraft.cli import embedded_default_drafter

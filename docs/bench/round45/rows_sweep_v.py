@@ -1,25 +1,10 @@
-import sys, time, torch, statistics
+"""rows_sweep_v.py SO: 1-, 6-, 7- and 8-row forwards of the embedded target at 150 cached tokens, the kernels from SO."""
+import sys
 from pathlib import Path
-from quickdraft import kernels
-so = sys.argv[1]
-kernels._built_library = lambda *a: Path(so)
-assert kernels.available()
-from quickdraft.assets import default_target_path
-from quickdraft.engine import Engine
-torch.set_num_threads(1)
-e = Engine(default_target_path(), None, exact=False, dtype="auto")
-m = e.model
-ids = e.encode(open('src/quickdraft/batch/scheduler.py').read())[:700]
-cache = m.new_cache(1024); toks = torch.tensor([ids])
-m.prefill(toks[:, :400], 0, cache)
-def t(f, reps=100):
-    for _ in range(10): f()
-    xs=[]
-    for _ in range(9):
-        s=time.perf_counter()
-        for _ in range(reps): f()
-        xs.append((time.perf_counter()-s)/reps)
-    return statistics.median(xs)*1e6
-L=150
-out = {r: t(lambda: m._native_chain(toks[:, L:L+r], L, cache, L+r)) for r in (1, 6, 7, 8)}
-print(Path(so).stem, " ".join(f"{r}:{v:.0f}" for r, v in out.items()))
+
+from bench_common import step_us, target_with_context, use_kernels
+
+use_kernels(sys.argv[1])
+model, cache, tokens = target_with_context(400)
+out = {r: step_us(model, cache, tokens, 150, r) for r in (1, 6, 7, 8)}
+print(Path(sys.argv[1]).stem, " ".join(f"{r}:{v:.0f}" for r, v in out.items()))

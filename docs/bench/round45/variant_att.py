@@ -1,27 +1,10 @@
-import sys, time, torch, statistics
+"""variant_att.py SO: 1- and 6-row forwards at 300 and 600 cached tokens (the attention's share grows), the kernels from SO."""
+import sys
 from pathlib import Path
-from quickdraft import kernels
-so = sys.argv[1]
-kernels._built_library = lambda *a: Path(so)
-assert kernels.available()
-from quickdraft.assets import default_target_path
-from quickdraft.engine import Engine
-torch.set_num_threads(1)
-e = Engine(default_target_path(), None, exact=False, dtype="auto")
-m = e.model
-ids = e.encode(open('src/quickdraft/batch/scheduler.py').read())[:700]
-cache = m.new_cache(1024); toks = torch.tensor([ids])
-m.prefill(toks[:, :700], 0, cache)
-def t(f, reps=100):
-    for _ in range(10): f()
-    xs=[]
-    for _ in range(9):
-        s=time.perf_counter()
-        for _ in range(reps): f()
-        xs.append((time.perf_counter()-s)/reps)
-    return statistics.median(xs)*1e6
-out=[]
-for L in (300, 600):
-    for r in (1, 6):
-        out.append((L, r, t(lambda: m._native_chain(toks[:, L:L+r], L, cache, L+r))))
-print(Path(so).stem, " ".join(f"L{L}r{r}:{v:.0f}" for L, r, v in out))
+
+from bench_common import step_us, target_with_context, use_kernels
+
+use_kernels(sys.argv[1])
+model, cache, tokens = target_with_context(700)
+out = [(L, r, step_us(model, cache, tokens, L, r)) for L in (300, 600) for r in (1, 6)]
+print(Path(sys.argv[1]).stem, " ".join(f"L{L}r{r}:{v:.0f}" for L, r, v in out))

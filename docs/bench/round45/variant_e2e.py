@@ -1,9 +1,8 @@
 import sys, time, torch, statistics, json
 from pathlib import Path
-from quickdraft import kernels
+from bench_common import use_kernels
 so = sys.argv[1]
-kernels._built_library = lambda *a: Path(so)
-assert kernels.available()
+use_kernels(so)
 from quickdraft.assets import default_target_path
 from quickdraft.engine import Engine
 torch.set_num_threads(1)
